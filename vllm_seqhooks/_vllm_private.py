@@ -1,0 +1,157 @@
+"""The private vLLM API the fork/join scheduler relies on, in one place.
+
+vLLM's scheduler internals are not a public interface. ``scheduler.py`` uses
+the names below; :func:`check` verifies, at import time, that the installed
+vLLM is the pinned release and still has each of them with the expected
+signature, so that a vLLM upgrade fails loudly at start-up (and in
+``tests/test_vllm_private.py``) instead of misbehaving at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+PINNED_VLLM_VERSION = "0.32.0"
+
+#: (module, class, attribute, expected parameter names or None for a non-callable)
+SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("_update_request_with_output", ("self", "request", "new_token_ids", "is_stale")),
+    ("_handle_stopped_request", ("self", "request")),
+    ("_update_request_as_session", ("self", "session", "update")),
+    ("_free_request_blocks", ("self", "request")),
+    ("finish_requests", ("self", "request_ids", "finished_status")),
+    ("add_request", ("self", "request")),
+    ("update_from_output", ("self", "scheduler_output", "model_runner_output")),
+    ("schedule", ("self", "throttle_prefills")),
+)
+
+#: Attributes set in Scheduler.__init__ that scheduler.py reads or writes.
+SCHEDULER_ATTRIBUTES = (
+    "requests",
+    "running",
+    "waiting",
+    "kv_holding_waiting",
+    "deferred_waiting",
+    "num_waiting_for_streaming_input",
+    "finished_req_ids",
+    "kv_cache_manager",
+    "max_model_len",
+    "block_size",
+    "use_v2_model_runner",
+    "vllm_config",
+)
+
+#: Request internals (attributes of a constructed Request).
+REQUEST_ATTRIBUTES = (
+    "_output_token_ids",
+    "_all_token_ids",
+    "_block_hasher",
+    "resumable",
+    "streaming_queue",
+    "num_computed_tokens",
+    "num_prompt_tokens",
+    "prompt_token_ids",
+    "max_tokens",
+    "stop_reason",
+    "is_prefill_chunk",
+)
+
+REQUEST_INIT_PARAMS = (
+    "request_id",
+    "prompt_token_ids",
+    "sampling_params",
+    "pooling_params",
+    "client_index",
+    "arrival_time",
+    "lora_request",
+    "cache_salt",
+    "priority",
+    "trace_headers",
+    "block_hasher",
+)
+
+STREAMING_UPDATE_FIELDS = (
+    "mm_features",
+    "prompt_token_ids",
+    "max_tokens",
+    "arrival_time",
+    "sampling_params",
+)
+
+ENGINE_CORE_OUTPUT_FIELDS = (
+    "request_id",
+    "new_token_ids",
+    "finish_reason",
+    "stop_reason",
+    "kv_transfer_params",
+)
+
+
+class VllmPrivateAPIError(ImportError):
+    """The installed vLLM does not match what vllm_seqhooks was built on."""
+
+
+def problems() -> list[str]:
+    """Everything that differs from the pinned vLLM (empty when all is well)."""
+    import vllm
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine import EngineCoreOutput
+    from vllm.v1.request import Request, RequestStatus, StreamingUpdate
+
+    found: list[str] = []
+    version = getattr(vllm, "__version__", "?")
+    if version.split("+")[0] != PINNED_VLLM_VERSION:
+        found.append(
+            f"vLLM {version} is installed; vllm-seqhooks is pinned to "
+            f"{PINNED_VLLM_VERSION}"
+        )
+    for name, params in SCHEDULER_METHODS:
+        fn = getattr(Scheduler, name, None)
+        if fn is None:
+            found.append(f"Scheduler.{name} is missing")
+            continue
+        got = tuple(inspect.signature(fn).parameters)
+        if got != params:
+            found.append(f"Scheduler.{name}{got} != expected {params}")
+    if not issubclass(AsyncScheduler, Scheduler):
+        found.append("AsyncScheduler is no longer a Scheduler subclass")
+    init_src = inspect.getsource(Scheduler.__init__)
+    for attr in SCHEDULER_ATTRIBUTES:
+        if f"self.{attr}" not in init_src and not hasattr(Scheduler, attr):
+            found.append(f"Scheduler.{attr} is no longer set in __init__")
+    req_params = inspect.signature(Request.__init__).parameters
+    for p in REQUEST_INIT_PARAMS:
+        if p not in req_params:
+            found.append(f"Request.__init__ lost parameter {p!r}")
+    req_src = inspect.getsource(Request.__init__)
+    for attr in REQUEST_ATTRIBUTES:
+        if f"self.{attr}" not in req_src and not hasattr(Request, attr):
+            found.append(f"Request.{attr} is no longer set")
+    fields = tuple(f.name for f in dataclasses.fields(StreamingUpdate))
+    if fields != STREAMING_UPDATE_FIELDS:
+        found.append(f"StreamingUpdate fields {fields} != {STREAMING_UPDATE_FIELDS}")
+    eco_fields = set(EngineCoreOutput.__struct_fields__)
+    for f in ENGINE_CORE_OUTPUT_FIELDS:
+        if f not in eco_fields:
+            found.append(f"EngineCoreOutput lost field {f!r}")
+    if not hasattr(RequestStatus, "WAITING_FOR_STREAMING_REQ"):
+        found.append("RequestStatus.WAITING_FOR_STREAMING_REQ is missing")
+    return found
+
+
+_checked = False
+
+
+def check() -> None:
+    """Raise :class:`VllmPrivateAPIError` listing every mismatch."""
+    global _checked
+    if _checked:
+        return
+    found = problems()
+    if found:
+        raise VllmPrivateAPIError(
+            "vllm_seqhooks cannot run on this vLLM:\n  - " + "\n  - ".join(found)
+        )
+    _checked = True

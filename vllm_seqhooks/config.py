@@ -1,0 +1,350 @@
+"""`SpecialKwargs`: the configuration of sequence hooks.
+
+Pure Python, no vLLM import. Validation happens at construction (errors name
+the field and the bad value); token strings and text fields are turned into
+token ids by :meth:`SpecialKwargs.resolve` once a tokenizer is known. The
+object round-trips through JSON, which is how it travels to the scheduler in
+EngineCore (``additional_config["seqhooks"]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Sequence
+
+#: Key under which the configuration travels in vLLM's ``additional_config``.
+ADDITIONAL_CONFIG_KEY = "seqhooks"
+
+CHILD_CONTEXTS = ("fork", "payload")
+MERGE_STRATEGIES = ("concatenate", "none")
+PAYLOAD_PLACEHOLDER = "{payload}"
+
+
+class SpecialKwargsError(ValueError):
+    """A sequence-hook setting is invalid. The message names the field."""
+
+
+def _check_token_id(name: str, value: Any, *, optional: bool) -> None:
+    if value is None:
+        if optional:
+            return
+        raise SpecialKwargsError(f"{name} is required (got None)")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecialKwargsError(
+            f"{name} must be an integer token id, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    if value < 0:
+        raise SpecialKwargsError(f"{name} must be >= 0, got {value}")
+
+
+def _check_int(name: str, value: Any, *, minimum: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecialKwargsError(
+            f"{name} must be an integer, got {value!r} ({type(value).__name__})"
+        )
+    if value < minimum:
+        raise SpecialKwargsError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_ids(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        raise SpecialKwargsError(
+            f"{name} must be a list of non-negative token ids, got {value!r}"
+        )
+
+
+@dataclass(frozen=True)
+class SpecialKwargs:
+    """Sequence-hook settings.
+
+    Give each hook token either as an id (``sync_token_id=``) or as a token
+    string (``sync_token="<sync>"``) that :meth:`resolve` turns into an id
+    through the model's tokenizer. See ``docs/configuration.md`` for the
+    meaning of every field.
+    """
+
+    sync_token_id: int | None = None
+    promise_token_id: int | None = None
+    promise_end_token_id: int | None = None
+    sync_token: str | None = None
+    promise_token: str | None = None
+    promise_end_token: str | None = None
+    child_context: str = "fork"
+    child_prompt_template: str | None = None
+    merge_strategy: str = "concatenate"
+    merge_separator: str = "\n"
+    max_child_depth: int = 1
+    max_children_per_request: int = 16
+    child_max_tokens: int | None = None
+    failed_child_marker: str | None = None
+    # Filled in by resolve(); part of the JSON form so that the engine does not
+    # need to tokenize again.
+    merge_separator_token_ids: tuple[int, ...] | None = field(default=None)
+    failed_child_marker_token_ids: tuple[int, ...] | None = field(default=None)
+    child_prompt_prefix_token_ids: tuple[int, ...] | None = field(default=None)
+    child_prompt_suffix_token_ids: tuple[int, ...] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        for name in ("sync", "promise"):
+            tid = getattr(self, f"{name}_token_id")
+            tok = getattr(self, f"{name}_token")
+            if tid is None and tok is None:
+                raise SpecialKwargsError(
+                    f"{name}_token_id is required (or give {name}_token as a "
+                    f"token string)"
+                )
+        for name in ("sync_token_id", "promise_token_id", "promise_end_token_id"):
+            _check_token_id(name, getattr(self, name), optional=True)
+        for name in ("sync_token", "promise_token", "promise_end_token"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise SpecialKwargsError(
+                    f"{name} must be a non-empty token string, got {value!r}"
+                )
+        ids = {
+            name: getattr(self, name)
+            for name in ("sync_token_id", "promise_token_id", "promise_end_token_id")
+            if getattr(self, name) is not None
+        }
+        seen: dict[int, str] = {}
+        for name, tid in ids.items():
+            if tid in seen:
+                raise SpecialKwargsError(
+                    f"{name} and {seen[tid]} must differ, both are {tid}"
+                )
+            seen[tid] = name
+        if self.child_context not in CHILD_CONTEXTS:
+            raise SpecialKwargsError(
+                f"child_context must be one of {CHILD_CONTEXTS}, "
+                f"got {self.child_context!r}"
+            )
+        if self.child_prompt_template is not None:
+            if not isinstance(self.child_prompt_template, str):
+                raise SpecialKwargsError(
+                    f"child_prompt_template must be a string, got "
+                    f"{self.child_prompt_template!r}"
+                )
+            if self.child_context != "payload":
+                raise SpecialKwargsError(
+                    "child_prompt_template is only used with "
+                    "child_context='payload', got child_context="
+                    f"{self.child_context!r}"
+                )
+            if self.child_prompt_template.count(PAYLOAD_PLACEHOLDER) != 1:
+                raise SpecialKwargsError(
+                    f"child_prompt_template must contain {PAYLOAD_PLACEHOLDER} "
+                    f"exactly once, got {self.child_prompt_template!r}"
+                )
+        if self.merge_strategy not in MERGE_STRATEGIES:
+            raise SpecialKwargsError(
+                f"merge_strategy must be one of {MERGE_STRATEGIES}, "
+                f"got {self.merge_strategy!r}"
+            )
+        if not isinstance(self.merge_separator, str):
+            raise SpecialKwargsError(
+                f"merge_separator must be a string, got {self.merge_separator!r}"
+            )
+        if self.failed_child_marker is not None and not isinstance(
+            self.failed_child_marker, str
+        ):
+            raise SpecialKwargsError(
+                f"failed_child_marker must be a string or None, got "
+                f"{self.failed_child_marker!r}"
+            )
+        _check_int("max_child_depth", self.max_child_depth, minimum=0)
+        _check_int("max_children_per_request", self.max_children_per_request, minimum=0)
+        _check_int("child_max_tokens", self.child_max_tokens, minimum=1, optional=True)
+        for name in (
+            "merge_separator_token_ids",
+            "failed_child_marker_token_ids",
+            "child_prompt_prefix_token_ids",
+            "child_prompt_suffix_token_ids",
+        ):
+            value = getattr(self, name)
+            _check_ids(name, value)
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
+
+    # ------------------------------------------------------------------ ids
+    @property
+    def hook_token_ids(self) -> frozenset[int]:
+        """The ids that drive hooks (known only once resolved)."""
+        return frozenset(
+            t
+            for t in (self.sync_token_id, self.promise_token_id, self.promise_end_token_id)
+            if t is not None
+        )
+
+    @property
+    def is_resolved(self) -> bool:
+        """True when every id the engine needs is known."""
+        return (
+            self.sync_token_id is not None
+            and self.promise_token_id is not None
+            and (self.promise_end_token is None or self.promise_end_token_id is not None)
+            and self.merge_separator_token_ids is not None
+            and (
+                self.failed_child_marker is None
+                or self.failed_child_marker_token_ids is not None
+            )
+            and (
+                self.child_prompt_template is None
+                or self.child_prompt_prefix_token_ids is not None
+            )
+        )
+
+    def resolve(self, tokenizer: Any, vocab_size: int | None = None) -> "SpecialKwargs":
+        """Return a copy with token strings turned into ids and text fields
+        tokenized, checked against ``tokenizer`` (and ``vocab_size``, the
+        model's, when given)."""
+        updates: dict[str, Any] = {}
+        for name in ("sync", "promise", "promise_end"):
+            tok = getattr(self, f"{name}_token")
+            tid = getattr(self, f"{name}_token_id")
+            if tok is None:
+                continue
+            resolved = token_string_to_id(tokenizer, tok, f"{name}_token")
+            if tid is not None and tid != resolved:
+                raise SpecialKwargsError(
+                    f"{name}_token {tok!r} is token id {resolved}, but "
+                    f"{name}_token_id is {tid}"
+                )
+            updates[f"{name}_token_id"] = resolved
+        if self.merge_separator_token_ids is None:
+            updates["merge_separator_token_ids"] = tuple(
+                _encode(tokenizer, self.merge_separator)
+            )
+        if self.failed_child_marker is not None and self.failed_child_marker_token_ids is None:
+            updates["failed_child_marker_token_ids"] = tuple(
+                _encode(tokenizer, self.failed_child_marker)
+            )
+        if self.child_prompt_template is not None and self.child_prompt_prefix_token_ids is None:
+            prefix, suffix = self.child_prompt_template.split(PAYLOAD_PLACEHOLDER)
+            updates["child_prompt_prefix_token_ids"] = tuple(_encode(tokenizer, prefix))
+            updates["child_prompt_suffix_token_ids"] = tuple(_encode(tokenizer, suffix))
+        resolved_kwargs = dataclasses.replace(self, **updates)
+        limit = _vocab_limit(tokenizer, vocab_size)
+        if limit is not None:
+            resolved_kwargs.check_vocab(limit)
+        return resolved_kwargs
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise when a hook token id is outside ``[0, vocab_size)``."""
+        for name in ("sync_token_id", "promise_token_id", "promise_end_token_id"):
+            tid = getattr(self, name)
+            if tid is not None and tid >= vocab_size:
+                raise SpecialKwargsError(
+                    f"{name} {tid} is outside the model's vocabulary "
+                    f"(size {vocab_size})"
+                )
+
+    # ----------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SpecialKwargs":
+        if isinstance(data, SpecialKwargs):
+            return data
+        if not isinstance(data, Mapping):
+            raise SpecialKwargsError(
+                f"special_kwargs must be a SpecialKwargs or a dict, got "
+                f"{type(data).__name__}"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecialKwargsError(
+                f"unknown special_kwargs field(s): {', '.join(unknown)}; "
+                f"known fields: {', '.join(sorted(known))}"
+            )
+        return cls(**dict(data))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SpecialKwargs":
+        return cls.from_dict(json.loads(text))
+
+    def to_additional_config(
+        self, existing: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Merge into a vLLM ``additional_config`` dict (a new dict)."""
+        out = dict(existing or {})
+        out[ADDITIONAL_CONFIG_KEY] = self.to_dict()
+        return out
+
+    @classmethod
+    def from_additional_config(
+        cls, additional_config: Mapping[str, Any] | None
+    ) -> "SpecialKwargs | None":
+        if not additional_config or ADDITIONAL_CONFIG_KEY not in additional_config:
+            return None
+        return cls.from_dict(additional_config[ADDITIONAL_CONFIG_KEY])
+
+    def with_overrides(self, **overrides: Any) -> "SpecialKwargs":
+        return dataclasses.replace(self, **overrides)
+
+
+def coerce_special_kwargs(value: Any) -> SpecialKwargs | None:
+    """Accept ``None``, a :class:`SpecialKwargs` or a plain dict."""
+    if value is None:
+        return None
+    if isinstance(value, SpecialKwargs):
+        return value
+    return SpecialKwargs.from_dict(value)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    if text == "":
+        return []
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def token_string_to_id(tokenizer: Any, token: str, field_name: str) -> int:
+    """The id of ``token`` if it is exactly one token, else a clear error."""
+    ids = _encode(tokenizer, token)
+    if len(ids) != 1:
+        raise SpecialKwargsError(
+            f"{field_name} {token!r} is not a single token of this tokenizer "
+            f"(it encodes to {len(ids)} tokens: {ids}); add it to the "
+            f"tokenizer as a special token or give the id instead"
+        )
+    return int(ids[0])
+
+
+def _vocab_limit(tokenizer: Any, vocab_size: int | None) -> int | None:
+    sizes: list[int] = []
+    if vocab_size is not None:
+        sizes.append(int(vocab_size))
+    try:
+        sizes.append(len(tokenizer))
+    except TypeError:
+        pass
+    return min(sizes) if sizes else None
+
+
+def merged_tokens(
+    outputs: Sequence[Sequence[int]], separator: Sequence[int]
+) -> list[int]:
+    """Children's outputs in promise order joined by ``separator``."""
+    out: list[int] = []
+    for i, toks in enumerate(outputs):
+        if i:
+            out.extend(separator)
+        out.extend(toks)
+    return out

@@ -1,0 +1,130 @@
+"""`vllm_seqhooks.LLM`: ``vllm.LLM`` plus ``special_kwargs=``.
+
+With ``special_kwargs=None`` it is exactly ``vllm.LLM`` (same engine, vLLM's
+own scheduler). With hooks, it resolves the configuration against the model's
+tokenizer (clear errors before any engine starts), installs the fork/join
+scheduler through ``scheduler_cls`` and passes the configuration through
+``additional_config``. Results of ``generate``/``chat`` carry the hook tree
+of each request as ``output.hook_trace`` (None when no hook fired).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import vllm
+from vllm import SamplingParams
+
+from vllm_seqhooks.config import SpecialKwargs, coerce_special_kwargs
+from vllm_seqhooks.trace import attach_traces
+
+SCHEDULER_QUALNAME = "vllm_seqhooks.scheduler.SeqHooksScheduler"
+
+
+def load_tokenizer(model: str, **engine_kwargs: Any):
+    """The tokenizer vLLM would load for these engine arguments."""
+    from vllm.tokenizers import get_tokenizer
+
+    kwargs: dict[str, Any] = {
+        "trust_remote_code": engine_kwargs.get("trust_remote_code", False),
+    }
+    if engine_kwargs.get("tokenizer_revision") is not None:
+        kwargs["revision"] = engine_kwargs["tokenizer_revision"]
+    mode = engine_kwargs.get("tokenizer_mode")
+    if mode is not None:
+        kwargs["tokenizer_mode"] = mode
+    return get_tokenizer(engine_kwargs.get("tokenizer") or model, **kwargs)
+
+
+def engine_kwargs_for_hooks(
+    hooks: SpecialKwargs, engine_kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """Engine arguments that install the fork/join scheduler."""
+    if engine_kwargs.get("scheduler_cls") not in (None, SCHEDULER_QUALNAME):
+        raise ValueError(
+            "special_kwargs installs its own scheduler; scheduler_cls="
+            f"{engine_kwargs['scheduler_cls']!r} cannot be combined with it"
+        )
+    out = dict(engine_kwargs)
+    out["scheduler_cls"] = SCHEDULER_QUALNAME
+    out["additional_config"] = hooks.to_additional_config(
+        engine_kwargs.get("additional_config")
+    )
+    return out
+
+
+def check_sampling_params(params: Any) -> None:
+    """Reject sampling settings that cannot work with hooks."""
+    if params is None:
+        return
+    items = params if isinstance(params, (list, tuple)) else [params]
+    for sp in items:
+        if not isinstance(sp, SamplingParams):
+            continue
+        if sp.logprobs is not None or sp.prompt_logprobs is not None:
+            raise ValueError(
+                "logprobs/prompt_logprobs cannot be combined with sequence "
+                "hooks: merged child tokens are not sampled by the parent and "
+                "have no logprobs (turn hooks off for this request with "
+                "extra_args={'seqhooks': {'enabled': False}})"
+            )
+
+
+class LLM(vllm.LLM):
+    """``vllm.LLM`` with sequence hooks (``special_kwargs=``)."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        special_kwargs: SpecialKwargs | dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        model = os.fspath(model)
+        hooks = coerce_special_kwargs(special_kwargs)
+        self.special_kwargs: SpecialKwargs | None = None
+        if hooks is not None:
+            if not hooks.is_resolved:
+                hooks = hooks.resolve(load_tokenizer(model, **kwargs))
+            kwargs = engine_kwargs_for_hooks(hooks, kwargs)
+        super().__init__(model, **kwargs)
+        self.special_kwargs = hooks
+
+    def _hooks_enabled_for(self, params: Any) -> bool:
+        if self.special_kwargs is None:
+            return False
+        items = params if isinstance(params, (list, tuple)) else [params]
+        for sp in items:
+            if isinstance(sp, SamplingParams):
+                per_req = (sp.extra_args or {}).get("seqhooks") or {}
+                if per_req.get("enabled", True) is not False:
+                    return True
+            elif sp is None:
+                return True
+        return False
+
+    def generate(self, prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any):
+        if self._hooks_enabled_for(sampling_params):
+            check_sampling_params(_enabled_only(sampling_params))
+        outputs = super().generate(prompts, sampling_params, *args, **kwargs)
+        if self.special_kwargs is not None:
+            attach_traces(outputs, self.get_tokenizer())
+        return outputs
+
+    def chat(self, messages: Any, sampling_params: Any = None, *args: Any, **kwargs: Any):
+        if self._hooks_enabled_for(sampling_params):
+            check_sampling_params(_enabled_only(sampling_params))
+        outputs = super().chat(messages, sampling_params, *args, **kwargs)
+        if self.special_kwargs is not None:
+            attach_traces(outputs, self.get_tokenizer())
+        return outputs
+
+
+def _enabled_only(params: Any) -> Sequence[Any]:
+    items = params if isinstance(params, (list, tuple)) else [params]
+    return [
+        sp for sp in items
+        if not (isinstance(sp, SamplingParams)
+                and ((sp.extra_args or {}).get("seqhooks") or {}).get("enabled", True) is False)
+    ]

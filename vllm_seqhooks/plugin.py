@@ -1,0 +1,181 @@
+"""``vllm serve`` flags for sequence hooks (a ``vllm.general_plugins`` entry point).
+
+vLLM calls :func:`register` (once per process, in the API server, EngineCore
+and worker processes) before it builds its argument parser. ``register``
+wraps ``EngineArgs.add_cli_args`` so that every vLLM parser that takes engine
+arguments gets a "Sequence hooks" group, and wraps that parser's
+``parse_known_args`` so that, when a hook flag is given, the flags become the
+same configuration as the Python path: ``--additional-config`` gains
+``{"seqhooks": ...}`` and ``--scheduler-cls`` becomes the fork/join scheduler.
+Without hook flags nothing changes. Bad values end the command with
+``error: ...`` (exit code 2), as argparse does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+from typing import Any
+
+from vllm_seqhooks.config import (
+    CHILD_CONTEXTS,
+    MERGE_STRATEGIES,
+    SpecialKwargs,
+    SpecialKwargsError,
+)
+
+logger = logging.getLogger("vllm_seqhooks.plugin")
+
+GROUP_TITLE = "Sequence hooks (vllm-seqhooks)"
+DEST_PREFIX = "seqhooks_"
+_MARK = "_seqhooks_wrapped"
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+#: flag -> (SpecialKwargs field, argparse kwargs)
+FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "--sync-token-id": ("sync_token_id", {"type": _non_negative_int, "metavar": "ID",
+                        "help": "Token id of <sync>: blocks a request until its open children finish."}),
+    "--promise-token-id": ("promise_token_id", {"type": _non_negative_int, "metavar": "ID",
+                           "help": "Token id of <promise>: opens a sub-task; its payload spawns a child request."}),
+    "--promise-end-token-id": ("promise_end_token_id", {"type": _non_negative_int, "metavar": "ID",
+                               "help": "Token id that closes a payload (default: the next <promise>, <sync> or the end)."}),
+    "--sync-token": ("sync_token", {"metavar": "TOKEN",
+                     "help": "<sync> as a token string, resolved through the model's tokenizer."}),
+    "--promise-token": ("promise_token", {"metavar": "TOKEN",
+                        "help": "<promise> as a token string."}),
+    "--promise-end-token": ("promise_end_token", {"metavar": "TOKEN",
+                            "help": "The payload-closing token as a token string."}),
+    "--child-context": ("child_context", {"choices": CHILD_CONTEXTS,
+                        "help": "fork: a child's prompt is the parent's context up to the end of the payload (default); payload: the payload alone."}),
+    "--child-prompt-template": ("child_prompt_template", {"metavar": "TEXT",
+                                "help": "With --child-context payload: text around the payload, containing {payload} once."}),
+    "--merge-strategy": ("merge_strategy", {"choices": MERGE_STRATEGIES,
+                         "help": "concatenate: children's outputs are appended after <sync> (default); none: <sync> only waits."}),
+    "--merge-separator": ("merge_separator", {"metavar": "TEXT",
+                          "help": "Text between merged child outputs (default: newline)."}),
+    "--max-child-depth": ("max_child_depth", {"type": _non_negative_int, "metavar": "N",
+                          "help": "Nesting limit: a child at this depth does not spawn (default 1)."}),
+    "--max-children-per-request": ("max_children_per_request", {"type": _non_negative_int, "metavar": "N",
+                                   "help": "Fan-out limit per request; further promises are plain text (default 16)."}),
+    "--child-max-tokens": ("child_max_tokens", {"type": _positive_int, "metavar": "N",
+                           "help": "Token budget of each child (default: the parent's remaining budget)."}),
+    "--failed-child-marker": ("failed_child_marker", {"metavar": "TEXT",
+                              "help": "Text merged in place of a child that failed or was aborted (default: nothing)."}),
+}
+
+
+def add_hook_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the hook flags to ``parser`` (once) and hook its parsing."""
+    if "--sync-token-id" in getattr(parser, "_option_string_actions", {}):
+        return parser
+    clashes = [f for f in FLAGS if f in getattr(parser, "_option_string_actions", {})]
+    if clashes:  # pragma: no cover - would mean vLLM grew a flag of ours
+        logger.error("vllm-seqhooks: flags %s already exist; not adding hook flags", clashes)
+        return parser
+    group = parser.add_argument_group(
+        GROUP_TITLE,
+        "Fork/join generation driven by the model's own special tokens. "
+        "Giving --sync-token-id/--sync-token and --promise-token-id/--promise-token "
+        "turns hooks on; without them the server is stock vLLM.",
+    )
+    for flag, (name, kwargs) in FLAGS.items():
+        group.add_argument(flag, dest=DEST_PREFIX + name, default=None, **kwargs)
+    original = parser.parse_known_args
+
+    @functools.wraps(original)
+    def parse_known_args(args=None, namespace=None):
+        namespace, rest = original(args, namespace)
+        try:
+            apply_hook_args(namespace)
+        except SpecialKwargsError as exc:
+            parser.error(str(exc))
+        return namespace, rest
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    return parser
+
+
+def hook_args_from_namespace(namespace: argparse.Namespace) -> dict[str, Any]:
+    out = {}
+    for _flag, (name, _kw) in FLAGS.items():
+        value = getattr(namespace, DEST_PREFIX + name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
+    """Turn given hook flags into ``additional_config``/``scheduler_cls`` on
+    ``namespace``. Returns the configuration, or None when no flag was given."""
+    given = hook_args_from_namespace(namespace)
+    if not given:
+        return None
+    if getattr(namespace, "_seqhooks_applied", False):
+        return SpecialKwargs.from_additional_config(namespace.additional_config)
+    hooks = SpecialKwargs.from_dict(given)
+    from vllm_seqhooks.llm import SCHEDULER_QUALNAME, load_tokenizer
+
+    model = getattr(namespace, "model_tag", None) or getattr(namespace, "model", None)
+    try:
+        tokenizer = load_tokenizer(
+            model,
+            tokenizer=getattr(namespace, "tokenizer", None),
+            trust_remote_code=getattr(namespace, "trust_remote_code", False),
+            tokenizer_revision=getattr(namespace, "tokenizer_revision", None),
+            tokenizer_mode=getattr(namespace, "tokenizer_mode", None),
+        )
+    except Exception as exc:  # noqa: BLE001 - reported as a CLI error
+        raise SpecialKwargsError(
+            f"sequence hooks need the model's tokenizer, which could not be "
+            f"loaded from {model!r}: {exc}"
+        ) from exc
+    hooks = hooks.resolve(tokenizer)
+    current = getattr(namespace, "scheduler_cls", None)
+    if current not in (None, SCHEDULER_QUALNAME):
+        raise SpecialKwargsError(
+            f"--scheduler-cls {current!r} cannot be combined with sequence hooks, "
+            "which install their own scheduler"
+        )
+    namespace.scheduler_cls = SCHEDULER_QUALNAME
+    namespace.additional_config = hooks.to_additional_config(
+        getattr(namespace, "additional_config", None)
+    )
+    namespace._seqhooks_applied = True
+    logger.info("sequence hooks configured: %s", hooks.to_json())
+    return hooks
+
+
+def register() -> None:
+    """Entry point (``vllm.general_plugins``). Safe to call many times."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    current = EngineArgs.__dict__["add_cli_args"]
+    func = current.__func__ if isinstance(current, staticmethod) else current
+    if getattr(func, _MARK, False):
+        return
+
+    @functools.wraps(func)
+    def add_cli_args(parser, *args, **kwargs):
+        parser = func(parser, *args, **kwargs)
+        return add_hook_arguments(parser)
+
+    setattr(add_cli_args, _MARK, True)
+    EngineArgs.add_cli_args = staticmethod(add_cli_args)  # type: ignore[method-assign]

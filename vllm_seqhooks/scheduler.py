@@ -1,0 +1,758 @@
+"""The fork/join scheduler: the only module that knows vLLM's scheduler
+internals (see ``vllm_seqhooks._vllm_private`` for the list of private names
+it relies on, checked at import time and by tests).
+
+Select it with ``scheduler_cls="vllm_seqhooks.scheduler.SeqHooksScheduler"``
+and put the configuration in ``additional_config["seqhooks"]`` (the ``LLM``
+wrapper and the ``vllm serve`` flags do both). ``SeqHooksScheduler`` builds
+the async or the sync variant, whichever vLLM chose for this engine.
+
+Lifecycle of a request with hooks (see docs/lifecycle.md):
+
+* sampled tokens are scanned by a :class:`SpecialTokenProcessor`;
+* a closed payload spawns a child ``Request`` (fork: the parent's tokens up to
+  the end of the payload, sharing its KV blocks through the prefix cache);
+* ``<sync>`` with open children parks the parent through vLLM's
+  streaming-session path (status ``WAITING_FOR_STREAMING_REQ``: KV blocks and
+  computed tokens kept);
+* when its last open child ends, the children's output tokens are appended
+  after ``<sync>`` as new prompt tokens (``_update_request_as_session``), so
+  only those are prefilled, and shown to the frontend as the parent's output;
+* children's outputs never leave EngineCore; a parent's final output carries
+  its hook trace in ``kv_transfer_params["seqhooks"]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.request import Request, RequestStatus, StreamingUpdate
+
+from vllm_seqhooks import _vllm_private
+from vllm_seqhooks.config import ADDITIONAL_CONFIG_KEY, SpecialKwargs
+from vllm_seqhooks.dependencies import (
+    ABORTED,
+    FAILED,
+    FINISHED,
+    DependencyManager,
+    JoinRecord,
+    CHILD_ID_MARKER,
+    build_trace,
+)
+from vllm_seqhooks.tokens import (
+    PayloadClosed,
+    PromiseIgnored,
+    SpecialTokenProcessor,
+    SyncReached,
+)
+
+_vllm_private.check()
+
+logger = logging.getLogger("vllm_seqhooks.scheduler")
+
+#: extra_args keys the scheduler writes for the worker side (e.g. the
+#: scripted-token logits processor of vllm_seqhooks.testing).
+CHILD_KEY_ARG = "seqhooks_child_key"
+SAMPLED_BEFORE_ARG = "seqhooks_sampled_before"
+#: Per-request settings (extra_args["seqhooks"] / vllm_xargs).
+REQUEST_ARG = "seqhooks"
+TRACE_KEY = "seqhooks"
+
+_FINISH_STATUS = {
+    RequestStatus.FINISHED_STOPPED,
+    RequestStatus.FINISHED_LENGTH_CAPPED,
+    RequestStatus.FINISHED_REPETITION,
+}
+
+
+@dataclass
+class _HookState:
+    """Per-request fork/join bookkeeping kept by the scheduler."""
+
+    request: Request
+    scanner: SpecialTokenProcessor | None
+    orig_prompt_len: int
+    orig_max_tokens: int
+    orig_min_tokens: int
+    sampled: int = 0
+    #: Set while the request is parked because it finished with open children
+    #: (rule 5): the status it finishes with once they are merged.
+    final_status: RequestStatus | None = None
+    final_stop_reason: int | str | None = None
+    #: Position of the token that stopped the request (EOS / stop token).
+    stop_pos: int | None = None
+    parked: bool = False
+    spilled_frontier: int | None = None
+    #: The join whose prefill is being counted, until the parent samples.
+    accounting: JoinRecord | None = None
+    first_scheduled: bool = False
+
+
+class SeqHooksMixin:
+    """Fork/join on top of vLLM's ``Scheduler`` (or ``AsyncScheduler``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        vllm_config = self.vllm_config
+        hooks = SpecialKwargs.from_additional_config(vllm_config.additional_config)
+        if hooks is None:
+            raise ValueError(
+                "SeqHooksScheduler needs additional_config['"
+                f"{ADDITIONAL_CONFIG_KEY}'] (a SpecialKwargs dict); use "
+                "vllm_seqhooks.LLM(special_kwargs=...) or the vllm serve flags"
+            )
+        if not hooks.is_resolved:
+            hooks = _resolve_in_engine(hooks, vllm_config)
+        hooks.check_vocab(vllm_config.model_config.get_vocab_size())
+        self.hooks = hooks
+        self.deps = DependencyManager()
+        self._hook_states: dict[str, _HookState] = {}
+        #: Ids of live child requests (outputs filtered from EngineCore).
+        self._children: dict[str, Request] = {}
+        #: Requests that stop in this step and must be parked, not finished.
+        self._park_pending: set[str] = set()
+        self._parked_this_step: set[str] = set()
+        #: Outputs (request_id -> (client_index, output)) made outside
+        #: update_from_output, flushed by the next one.
+        self._pending_outputs: list[tuple[int, EngineCoreOutput]] = []
+        self._ready_joins: list[str] = []
+        self._accounting: dict[str, _HookState] = {}
+        self.hook_stats: dict[str, int] = {
+            "children_spawned": 0,
+            "children_finished": 0,
+            "children_failed": 0,
+            "children_aborted": 0,
+            "joins": 0,
+            "merged_tokens": 0,
+            "join_prefill_tokens": 0,
+            "join_reused_tokens": 0,
+            "fork_prompt_tokens": 0,
+            "fork_cached_tokens": 0,
+            "spills": 0,
+            "promises_ignored": 0,
+            "truncated_merges": 0,
+        }
+        logger.info(
+            "sequence hooks on: sync=%s promise=%s promise_end=%s context=%s "
+            "merge=%s max_child_depth=%s max_children_per_request=%s",
+            hooks.sync_token_id,
+            hooks.promise_token_id,
+            hooks.promise_end_token_id,
+            hooks.child_context,
+            hooks.merge_strategy,
+            hooks.max_child_depth,
+            hooks.max_children_per_request,
+        )
+
+    # ------------------------------------------------------------ requests
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)
+        if request.request_id in self._hook_states or request.pooling_params:
+            return
+        sp = request.sampling_params
+        if sp is None:
+            return
+        per_request = (sp.extra_args or {}).get(REQUEST_ARG) or {}
+        if per_request.get("enabled", True) is False:
+            return
+        node = self.deps.get(request.request_id)
+        depth = node.depth if node is not None else 0
+        max_depth = self.hooks.max_child_depth
+        if "max_child_depth" in per_request:
+            max_depth = min(max_depth, int(per_request["max_child_depth"]))
+        scanner = None
+        if depth < max_depth and self.hooks.max_children_per_request > 0:
+            scanner = SpecialTokenProcessor(
+                self.hooks.sync_token_id,
+                self.hooks.promise_token_id,
+                self.hooks.promise_end_token_id,
+                max_promises=self.hooks.max_children_per_request,
+            )
+        self._hook_states[request.request_id] = _HookState(
+            request=request,
+            scanner=scanner,
+            orig_prompt_len=request.num_prompt_tokens,
+            orig_max_tokens=request.max_tokens,
+            orig_min_tokens=sp.min_tokens,
+        )
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
+    ) -> list[Request]:
+        if request_ids is None:
+            finished = super().finish_requests(None, finished_status)
+            for req in finished:
+                self._forget(req.request_id)
+            return finished
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        ids = list(request_ids)
+        # Aborting a request aborts its whole subtree.
+        expanded: list[str] = []
+        seen: set[str] = set()
+        for rid in ids:
+            for r in (rid, *self.deps.subtree(rid)):
+                if r not in seen:
+                    seen.add(r)
+                    expanded.append(r)
+        finished = super().finish_requests(expanded, finished_status)
+        for req in finished:
+            rid = req.request_id
+            if rid in self._children:
+                self._child_ended(req, ABORTED if finished_status ==
+                                  RequestStatus.FINISHED_ABORTED else FAILED, None)
+        for rid in ids:
+            node = self.deps.get(rid)
+            if node is not None and node.parent_id is None:
+                self._drop_tree(rid)
+        return finished
+
+    # ------------------------------------------------------------ sampling
+    def _update_request_with_output(
+        self, request: Request, new_token_ids: list[int], is_stale: bool = False
+    ) -> tuple[list[int], bool]:
+        start = request.num_tokens
+        new_token_ids, stopped = super()._update_request_with_output(
+            request, new_token_ids, is_stale
+        )
+        st = self._hook_states.get(request.request_id)
+        if st is None or not new_token_ids:
+            return new_token_ids, stopped
+        st.sampled += len(new_token_ids)
+        if st.accounting is not None:
+            self._accounting.pop(request.request_id, None)
+            st.accounting = None
+        scanner = st.scanner
+        if scanner is None:
+            if stopped and self.deps.has_open_children(request.request_id):
+                self._park(st, stopped_by_finish=True)
+            return new_token_ids, stopped
+        events = scanner.feed(new_token_ids, start)
+        sync_at: int | None = None
+        for ev in events:
+            if isinstance(ev, PayloadClosed):
+                self._spawn(st, ev)
+            elif isinstance(ev, PromiseIgnored):
+                self._ignore_promise(st, ev.pos, ev.reason)
+            elif isinstance(ev, SyncReached):
+                if self.deps.has_open_children(request.request_id):
+                    sync_at = ev.pos
+                    break
+        if sync_at is not None:
+            keep = sync_at - start + 1
+            if keep < len(new_token_ids):
+                # Tokens sampled after <sync> in the same step (speculative
+                # decoding) are dropped: the parent resumes after the merge.
+                drop = len(new_token_ids) - keep
+                del request._output_token_ids[-drop:]
+                del request._all_token_ids[-drop:]
+                del new_token_ids[keep:]
+                st.sampled -= drop
+                request.num_computed_tokens = min(
+                    request.num_computed_tokens, request.num_tokens - 1
+                )
+            if stopped:
+                # <sync> was also the last token the request may sample.
+                self._park(st, stopped_by_finish=True)
+            else:
+                self._park(st, stopped_by_finish=False)
+            return new_token_ids, True
+        if stopped:
+            end = request.num_tokens
+            if request.status == RequestStatus.FINISHED_STOPPED:
+                end -= 1  # the EOS / stop token is not part of a payload
+            for ev in scanner.finish(end):
+                self._spawn(st, ev)
+            if self.deps.has_open_children(request.request_id):
+                self._park(st, stopped_by_finish=True)
+        return new_token_ids, stopped
+
+    def _park(self, st: _HookState, *, stopped_by_finish: bool) -> None:
+        request = st.request
+        if stopped_by_finish:
+            st.final_status = request.status
+            st.final_stop_reason = request.stop_reason
+            if request.status == RequestStatus.FINISHED_STOPPED:
+                st.stop_pos = request.num_tokens - 1
+        else:
+            request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = None
+        st.parked = True
+        self.deps.block(request.request_id)
+        self._park_pending.add(request.request_id)
+        self._parked_this_step.add(request.request_id)
+        if self.deps.ready_to_join(request.request_id):
+            self._ready_joins.append(request.request_id)
+
+    def _handle_stopped_request(self, request: Request) -> bool:
+        if request.request_id not in self._park_pending:
+            return super()._handle_stopped_request(request)
+        self._park_pending.discard(request.request_id)
+        request.resumable = True
+        try:
+            finished = super()._handle_stopped_request(request)
+        finally:
+            request.resumable = False
+        assert not finished
+        return False
+
+    # ------------------------------------------------------------- spawning
+    def _ignore_promise(self, st: _HookState, pos: int, reason: str) -> None:
+        node = self.deps.ensure_root(st.request.request_id)
+        node.ignored_promises.append({"position": pos, "reason": reason})
+        self.hook_stats["promises_ignored"] += 1
+        logger.debug("%s: promise at %d ignored (%s)", st.request.request_id, pos, reason)
+
+    def _spawn(self, st: _HookState, ev: PayloadClosed) -> None:
+        parent = st.request
+        hooks = self.hooks
+        tokens = parent.all_token_ids
+        payload = list(tokens[ev.start : ev.end])
+        if hooks.child_context == "fork":
+            prompt = list(tokens[: ev.context_end])
+        else:
+            prompt = [
+                *(hooks.child_prompt_prefix_token_ids or ()),
+                *payload,
+                *(hooks.child_prompt_suffix_token_ids or ()),
+            ]
+            if not prompt:
+                self._ignore_promise(st, ev.start - 1, "empty_payload")
+                return
+        room = self.max_model_len - len(prompt)
+        if room <= 0:
+            self._ignore_promise(st, ev.start - 1, "max_model_len")
+            return
+        per_request = (parent.sampling_params.extra_args or {}).get(REQUEST_ARG) or {}
+        budget = per_request.get("child_max_tokens", hooks.child_max_tokens)
+        if budget is None:
+            budget = max(1, st.orig_max_tokens - st.sampled)
+        budget = min(int(budget), room)
+        self.deps.ensure_root(parent.request_id)
+        child_id = self.deps.new_child_id(parent.request_id)
+        child_node = self.deps.add_child(parent.request_id, child_id, payload, len(prompt))
+        sp = parent.sampling_params.clone()
+        sp.n = 1
+        sp.max_tokens = budget
+        extra = dict(sp.extra_args or {})
+        extra.pop(SAMPLED_BEFORE_ARG, None)
+        extra[CHILD_KEY_ARG] = child_node.key
+        sp.extra_args = extra
+        if sp.seed is not None:
+            sp.seed = _derive_seed(sp.seed, child_node.key)
+        child = Request(
+            request_id=child_id,
+            prompt_token_ids=prompt,
+            sampling_params=sp,
+            pooling_params=None,
+            client_index=parent.client_index,
+            arrival_time=time.time(),
+            lora_request=parent.lora_request,
+            cache_salt=parent.cache_salt,
+            priority=parent.priority,
+            trace_headers=parent.trace_headers,
+            block_hasher=parent._block_hasher,
+        )
+        self._children[child_id] = child
+        self.add_request(child)
+        self.hook_stats["children_spawned"] += 1
+        self.hook_stats["fork_prompt_tokens"] += len(prompt)
+        logger.debug(
+            "%s spawned %s (key %s, %d prompt tokens, budget %d)",
+            parent.request_id, child_id, child_node.key, len(prompt), budget,
+        )
+
+    # ---------------------------------------------------------- scheduling
+    def schedule(self, *args: Any, **kwargs: Any):
+        self._maybe_spill()
+        # Parked parents are counted by vLLM as holding a model-runner slot;
+        # with the V1 model runner they do not (unscheduled requests leave the
+        # persistent batch), and counting them would keep their own children
+        # out: let children in.
+        parked = self._num_parked_holding_slots()
+        if parked:
+            self.num_waiting_for_streaming_input -= parked
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            if parked:
+                self.num_waiting_for_streaming_input += parked
+        if self._accounting or self._children:
+            self._account(out)
+        return out
+
+    def _num_parked_holding_slots(self) -> int:
+        if self.use_v2_model_runner:
+            return 0
+        return sum(1 for st in self._hook_states.values() if st.parked)
+
+    def _account(self, out) -> None:
+        scheduled = out.num_scheduled_tokens
+        for rid in list(self._accounting):
+            n = scheduled.get(rid)
+            if not n:
+                continue
+            st = self._accounting[rid]
+            rec = st.accounting
+            if rec is None:
+                self._accounting.pop(rid, None)
+                continue
+            if rec.prefilled_tokens is None:
+                rec.prefilled_tokens = 0
+                rec.reused_tokens = st.request.num_computed_tokens - n
+                self.hook_stats["join_reused_tokens"] += rec.reused_tokens
+            rec.prefilled_tokens += n
+            self.hook_stats["join_prefill_tokens"] += n
+            if not st.request.is_prefill_chunk:
+                self._accounting.pop(rid, None)
+        for rid, child in self._children.items():
+            st = self._hook_states.get(rid)
+            if st is None or st.first_scheduled:
+                continue
+            n = scheduled.get(rid)
+            if not n:
+                continue
+            st.first_scheduled = True
+            cached = child.num_computed_tokens - n
+            node = self.deps.get(rid)
+            if node is not None:
+                node.cached_prompt_tokens = cached
+            self.hook_stats["fork_cached_tokens"] += cached
+
+    # ---------------------------------------------------------------- spill
+    def _maybe_spill(self) -> None:
+        """Free the KV blocks of parked parents when nothing can run otherwise.
+
+        A parked parent keeps its blocks; when no request is running and the
+        next waiting request cannot get blocks, the engine would spin forever.
+        Spilled blocks go back to the free pool as prefix-cache entries, so a
+        resumed parent recomputes only what was evicted in between.
+        """
+        if self.running:
+            return
+        holders = [
+            st for st in self._hook_states.values()
+            if st.parked and st.spilled_frontier is None
+            and st.request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+        ]
+        if not holders:
+            return
+        if not self._waiting_needs_blocks():
+            return
+        # Spill the most recently parked first (its children are the newest).
+        for st in reversed(holders):
+            self._spill(st)
+            if not self._waiting_needs_blocks():
+                break
+
+    def _waiting_needs_blocks(self) -> bool:
+        head = None
+        for queue in (self.kv_holding_waiting, self.waiting):
+            for req in queue:
+                if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                    continue
+                head = req
+                break
+            if head is not None:
+                break
+        if head is None:
+            return False
+        block_size = self.block_size
+        need = -(-(head.num_tokens - head.num_computed_tokens + 1) // block_size)
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        return free < need + 1
+
+    def _spill(self, st: _HookState) -> None:
+        req = st.request
+        self.kv_holding_waiting.remove_request(req)
+        self._free_request_blocks(req)
+        st.spilled_frontier = req.num_computed_tokens
+        req.num_computed_tokens = 0
+        self.waiting.add_request(req)
+        # The worker drops its state for the request; it is re-sent in full
+        # when the request resumes.
+        self.finished_req_ids.add(req.request_id)
+        self.hook_stats["spills"] += 1
+        logger.info(
+            "spilled parked request %s (%d computed tokens) to let its "
+            "children run", req.request_id, st.spilled_frontier,
+        )
+
+    # --------------------------------------------------------------- output
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if not (self._children or self._parked_this_step or self._pending_outputs
+                or self._ready_joins or self.deps.nodes):
+            return outputs
+        parked_now = self._parked_this_step
+        self._parked_this_step = set()
+        for client_index, eco in list(outputs.items()):
+            kept: list[EngineCoreOutput] = []
+            for out in eco.outputs:
+                rid = out.request_id
+                if rid in self._children:
+                    if out.finish_reason is not None:
+                        child = self._children[rid]
+                        state = FINISHED if out.finish_reason in (
+                            FinishReason.STOP, FinishReason.LENGTH,
+                            FinishReason.REPETITION) else FAILED
+                        self._child_ended(child, state, out.finish_reason)
+                    continue
+                if rid in parked_now:
+                    out.finish_reason = None
+                    out.stop_reason = None
+                elif out.finish_reason is not None and rid in self.deps:
+                    self._attach_trace(out)
+                kept.append(out)
+            eco.outputs = kept
+            if eco.finished_requests:
+                eco.finished_requests = {
+                    r for r in eco.finished_requests if not self.deps.is_child(r)
+                    and not _is_child_id(r)
+                }
+        # Joins (may cascade: a child finishing after its own join).
+        while self._ready_joins:
+            rid = self._ready_joins.pop(0)
+            self._join(rid)
+        for client_index, out in self._pending_outputs:
+            eco = outputs.get(client_index)
+            if eco is None:
+                eco = outputs[client_index] = EngineCoreOutputs()
+            merged = False
+            for existing in eco.outputs:
+                if existing.request_id == out.request_id and existing.finish_reason is None:
+                    existing.new_token_ids = list(existing.new_token_ids) + list(out.new_token_ids)
+                    existing.finish_reason = out.finish_reason
+                    existing.stop_reason = out.stop_reason
+                    existing.kv_transfer_params = out.kv_transfer_params
+                    merged = True
+                    break
+            if not merged:
+                eco.outputs.append(out)
+        self._pending_outputs = []
+        return outputs
+
+    def _child_ended(self, child: Request, state: str, finish_reason) -> None:
+        rid = child.request_id
+        if rid not in self._children:
+            return
+        del self._children[rid]
+        st = self._hook_states.pop(rid, None)
+        self._accounting.pop(rid, None)
+        tokens: list[int] = []
+        if state == FINISHED and st is not None:
+            tokens = self._contribution(st)
+        key = {FINISHED: "children_finished", FAILED: "children_failed",
+               ABORTED: "children_aborted"}[state]
+        self.hook_stats[key] += 1
+        reason = str(finish_reason) if finish_reason is not None else state
+        parent_id = self.deps.child_ended(rid, state, tokens, reason)
+        if parent_id is not None:
+            self._ready_joins.append(parent_id)
+
+    def _contribution(self, st: _HookState) -> list[int]:
+        """What a finished request contributes to its parent: everything it
+        generated after its original prompt (merged grandchildren included),
+        without the EOS / stop token that ended it."""
+        req = st.request
+        tokens = list(req.all_token_ids[st.orig_prompt_len:])
+        stop_pos = st.stop_pos
+        if stop_pos is None and req.status == RequestStatus.FINISHED_STOPPED and (
+            isinstance(req.stop_reason, int) or req.stop_reason is None
+        ):
+            stop_pos = req.num_tokens - 1
+        if stop_pos is not None:
+            idx = stop_pos - st.orig_prompt_len
+            if 0 <= idx < len(tokens):
+                del tokens[idx]
+        return tokens
+
+    def _join(self, rid: str) -> None:
+        st = self._hook_states.get(rid)
+        if st is None or not st.parked:
+            return
+        req = st.request
+        hooks = self.hooks
+        merged, _children = self.deps.take_merge(
+            rid, hooks.merge_separator_token_ids or (),
+            hooks.failed_child_marker_token_ids,
+        )
+        if hooks.merge_strategy == "none":
+            merged = []
+        node = self.deps.get(rid)
+        record = node.joins[-1]
+        st.parked = False
+        self.hook_stats["joins"] += 1
+        # Room left under max_model_len (rule 7).
+        room = self.max_model_len - req.num_tokens
+        truncated = len(merged) > room
+        if truncated:
+            merged = merged[: max(room, 0)]
+            record.truncated = True
+            self.hook_stats["truncated_merges"] += 1
+        record.merged_tokens = len(merged)
+        self.hook_stats["merged_tokens"] += len(merged)
+        remaining = st.orig_max_tokens - st.sampled
+        finish_status = st.final_status
+        if finish_status is None and (truncated or len(merged) >= room or remaining <= 0):
+            finish_status = RequestStatus.FINISHED_LENGTH_CAPPED
+        if finish_status is not None:
+            self._finish_after_join(st, merged, finish_status)
+            return
+        # Resume: [<sync>] + merged become prompt tokens; only they prefill.
+        if st.spilled_frontier is not None:
+            req.num_computed_tokens = st.spilled_frontier
+        sp = req.sampling_params.clone()
+        sp.max_tokens = remaining
+        sp.min_tokens = max(0, st.orig_min_tokens - st.sampled)
+        extra = dict(sp.extra_args or {})
+        extra[SAMPLED_BEFORE_ARG] = st.sampled
+        sp.extra_args = extra
+        sync_token = req.all_token_ids[-1]
+        # Never extend the caller's own prompt list in place.
+        req.prompt_token_ids = list(req.prompt_token_ids)
+        update = StreamingUpdate(
+            mm_features=None,
+            prompt_token_ids=[sync_token, *merged],
+            max_tokens=remaining,
+            arrival_time=req.arrival_time,
+            sampling_params=sp,
+        )
+        self._update_request_as_session(req, update)
+        if st.spilled_frontier is not None:
+            # Re-admit through the prefix cache: recompute what was evicted.
+            req.num_computed_tokens = 0
+            st.spilled_frontier = None
+        else:
+            # The request sits in kv_holding_waiting since it was parked.
+            pass
+        req.stop_reason = None
+        st.accounting = record
+        self._accounting[rid] = st
+        if merged:
+            self._pending_outputs.append(
+                (req.client_index, EngineCoreOutput(request_id=rid, new_token_ids=list(merged)))
+            )
+        logger.debug("%s joined %d children: %d merged tokens", rid,
+                     len(record.children), len(merged))
+
+    def _finish_after_join(
+        self, st: _HookState, merged: list[int], status: RequestStatus
+    ) -> None:
+        req = st.request
+        rid = req.request_id
+        is_child = rid in self._children
+        contribution = self._contribution(st) + merged if is_child else None
+        stop_reason = st.final_stop_reason
+        st.parked = False
+        if st.spilled_frontier is not None:
+            req.num_computed_tokens = st.spilled_frontier
+            st.spilled_frontier = None
+        super().finish_requests([rid], status)
+        if is_child:
+            del self._children[rid]
+            self._hook_states.pop(rid, None)
+            self.hook_stats["children_finished"] += 1
+            reason = str(RequestStatus.get_finished_reason(status))
+            parent_id = self.deps.child_ended(rid, FINISHED, contribution, reason)
+            if parent_id is not None:
+                self._ready_joins.append(parent_id)
+            return
+        out = EngineCoreOutput(
+            request_id=rid,
+            new_token_ids=list(merged),
+            finish_reason=RequestStatus.get_finished_reason(status),
+            stop_reason=stop_reason,
+        )
+        self._attach_trace(out)
+        self._hook_states.pop(rid, None)
+        self._pending_outputs.append((req.client_index, out))
+
+    # ---------------------------------------------------------------- trace
+    def _attach_trace(self, out: EngineCoreOutput) -> None:
+        rid = out.request_id
+        node = self.deps.get(rid)
+        if node is None or node.parent_id is not None:
+            return
+        nodes = self.deps.pop_tree(rid)
+        trace = build_trace(nodes)
+        params = dict(out.kv_transfer_params or {})
+        params[TRACE_KEY] = trace
+        out.kv_transfer_params = params
+        self._hook_states.pop(rid, None)
+        for n in nodes[1:]:
+            self._children.pop(n.request_id, None)
+            self._hook_states.pop(n.request_id, None)
+
+    def _drop_tree(self, rid: str) -> None:
+        for n in self.deps.pop_tree(rid):
+            self._forget(n.request_id)
+
+    def _forget(self, rid: str) -> None:
+        self._hook_states.pop(rid, None)
+        self._children.pop(rid, None)
+        self._accounting.pop(rid, None)
+        self._park_pending.discard(rid)
+        node = self.deps.get(rid)
+        if node is not None and node.parent_id is None:
+            self.deps.pop_tree(rid)
+
+    # ------------------------------------------------------------- queries
+    def hook_state_sizes(self) -> dict[str, int]:
+        """Sizes of the scheduler's fork/join state (for leak checks)."""
+        return {
+            "nodes": len(self.deps),
+            "hook_states": len(self._hook_states),
+            "children": len(self._children),
+            "accounting": len(self._accounting),
+            "pending_outputs": len(self._pending_outputs),
+            "requests": len(self.requests),
+        }
+
+
+def _is_child_id(request_id: str) -> bool:
+    return CHILD_ID_MARKER in request_id
+
+
+def _derive_seed(seed: int, key: str) -> int:
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def _resolve_in_engine(hooks: SpecialKwargs, vllm_config) -> SpecialKwargs:
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
+    return hooks.resolve(tokenizer, vllm_config.model_config.get_vocab_size())
+
+
+class SeqHooksSyncScheduler(SeqHooksMixin, Scheduler):
+    """Fork/join on vLLM's synchronous scheduler."""
+
+
+class SeqHooksAsyncScheduler(SeqHooksMixin, AsyncScheduler):
+    """Fork/join on vLLM's async scheduler (overlapped steps)."""
+
+
+class SeqHooksScheduler:
+    """Factory given to vLLM as ``scheduler_cls``: builds the async variant
+    when vLLM turned async scheduling on for this engine, else the sync one."""
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        impl = (
+            SeqHooksAsyncScheduler
+            if vllm_config.scheduler_config.async_scheduling
+            else SeqHooksSyncScheduler
+        )
+        return impl(*args, **kwargs)
+
+
+SCHEDULER_QUALNAME = f"{__name__}.SeqHooksScheduler"

@@ -1,0 +1,122 @@
+"""`SpecialTokenProcessor`: a per-request state machine over token ids.
+
+Pure Python, no vLLM import. It is fed the tokens a request samples, with
+their positions in the request's full token sequence, and returns events:
+
+- ``PayloadClosed(start, end, closed_by)``: a promise's payload spans
+  ``tokens[start:end]`` (``start`` is just after ``<promise>``; ``end`` is the
+  position of the closing token, or of the end of generation). ``context_end``
+  is where a forked child's prompt ends: after ``</promise>`` when that token
+  closed the payload, else at ``end``.
+- ``SyncReached(pos)``: a ``<sync>`` at ``pos``.
+
+The fast path (no payload open, no hook token among the new tokens) is one set
+lookup per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence, Union
+
+
+@dataclass(frozen=True)
+class PayloadClosed:
+    start: int
+    end: int
+    context_end: int
+    closed_by: str  # "promise_end" | "promise" | "sync" | "finish"
+
+
+@dataclass(frozen=True)
+class SyncReached:
+    pos: int
+
+
+@dataclass(frozen=True)
+class PromiseIgnored:
+    """A ``<promise>`` that opened nothing (the request may not spawn)."""
+
+    pos: int
+    reason: str
+
+
+Event = Union[PayloadClosed, SyncReached, PromiseIgnored]
+
+
+class SpecialTokenProcessor:
+    """Scans one request's sampled tokens for hook events."""
+
+    __slots__ = (
+        "sync_id",
+        "promise_id",
+        "promise_end_id",
+        "hook_ids",
+        "payload_start",
+        "promises_left",
+    )
+
+    def __init__(
+        self,
+        sync_token_id: int,
+        promise_token_id: int,
+        promise_end_token_id: int | None = None,
+        *,
+        max_promises: int | None = None,
+    ) -> None:
+        self.sync_id = sync_token_id
+        self.promise_id = promise_token_id
+        self.promise_end_id = promise_end_token_id
+        self.hook_ids = frozenset(
+            t for t in (sync_token_id, promise_token_id, promise_end_token_id)
+            if t is not None
+        )
+        #: Position of the first payload token of the open promise, or None.
+        self.payload_start: int | None = None
+        #: How many more promises may open (None: unlimited).
+        self.promises_left = max_promises
+
+    @property
+    def payload_open(self) -> bool:
+        return self.payload_start is not None
+
+    def feed(self, tokens: Sequence[int], start_pos: int) -> list[Event]:
+        """Scan ``tokens``, the first of which sits at ``start_pos``."""
+        hook_ids = self.hook_ids
+        if self.payload_start is None and hook_ids.isdisjoint(tokens):
+            return []
+        events: list[Event] = []
+        for offset, tok in enumerate(tokens):
+            if tok not in hook_ids:
+                continue
+            pos = start_pos + offset
+            if tok == self.promise_id:
+                self._close(pos, pos, "promise", events)
+                if self.promises_left is not None and self.promises_left <= 0:
+                    events.append(PromiseIgnored(pos, "max_children_per_request"))
+                    continue
+                if self.promises_left is not None:
+                    self.promises_left -= 1
+                self.payload_start = pos + 1
+            elif tok == self.promise_end_id:
+                self._close(pos, pos + 1, "promise_end", events)
+            else:  # sync
+                self._close(pos, pos, "sync", events)
+                events.append(SyncReached(pos))
+        return events
+
+    def finish(self, end_pos: int) -> list[Event]:
+        """The request stopped generating; ``end_pos`` is its token count."""
+        events: list[Event] = []
+        self._close(end_pos, end_pos, "finish", events)
+        return events
+
+    def _close(self, end: int, context_end: int, how: str, events: list[Event]) -> None:
+        if self.payload_start is None:
+            return
+        events.append(PayloadClosed(self.payload_start, end, context_end, how))
+        self.payload_start = None
+
+
+def contains_hook_token(tokens: Iterable[int], hook_ids: frozenset[int]) -> bool:
+    return not hook_ids.isdisjoint(tokens)
