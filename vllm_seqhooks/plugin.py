@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 import logging
 from typing import Any
+
+import dataclasses
 
 from vllm_seqhooks.config import (
     CHILD_CONTEXTS,
@@ -49,6 +52,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+class _Given(argparse.Action):
+    """Stores the value and remembers that the flag was given (the defaults
+    shown in --help are SpecialKwargs' own)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        given = set(getattr(namespace, GIVEN_ATTR, ()) or ())
+        given.add(self.dest)
+        setattr(namespace, GIVEN_ATTR, given)
+
+
+GIVEN_ATTR = "_seqhooks_given"
+
 #: flag -> (SpecialKwargs field, argparse kwargs)
 FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--sync-token-id": ("sync_token_id", {"type": _non_negative_int, "metavar": "ID",
@@ -56,7 +72,7 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--promise-token-id": ("promise_token_id", {"type": _non_negative_int, "metavar": "ID",
                            "help": "Token id of <promise>: opens a sub-task; its payload spawns a child request."}),
     "--promise-end-token-id": ("promise_end_token_id", {"type": _non_negative_int, "metavar": "ID",
-                               "help": "Token id that closes a payload (default: the next <promise>, <sync> or the end)."}),
+                               "help": "Token id that closes a payload; unset: the next <promise>, <sync> or the end closes it."}),
     "--sync-token": ("sync_token", {"metavar": "TOKEN",
                      "help": "<sync> as a token string, resolved through the model's tokenizer."}),
     "--promise-token": ("promise_token", {"metavar": "TOKEN",
@@ -64,22 +80,25 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--promise-end-token": ("promise_end_token", {"metavar": "TOKEN",
                             "help": "The payload-closing token as a token string."}),
     "--child-context": ("child_context", {"choices": CHILD_CONTEXTS,
-                        "help": "fork: a child's prompt is the parent's context up to the end of the payload (default); payload: the payload alone."}),
+                        "help": "fork: a child's prompt is the parent's context up to the end of the payload; payload: the payload alone."}),
     "--child-prompt-template": ("child_prompt_template", {"metavar": "TEXT",
                                 "help": "With --child-context payload: text around the payload, containing {payload} once."}),
     "--merge-strategy": ("merge_strategy", {"choices": MERGE_STRATEGIES,
-                         "help": "concatenate: children's outputs are appended after <sync> (default); none: <sync> only waits."}),
+                         "help": "concatenate: children's outputs are appended after <sync>; none: <sync> only waits."}),
     "--merge-separator": ("merge_separator", {"metavar": "TEXT",
-                          "help": "Text between merged child outputs (default: newline)."}),
+                          "help": "Text between merged child outputs."}),
     "--max-child-depth": ("max_child_depth", {"type": _non_negative_int, "metavar": "N",
-                          "help": "Nesting limit: a child at this depth does not spawn (default 1)."}),
+                          "help": "Nesting limit: a child at this depth does not spawn."}),
     "--max-children-per-request": ("max_children_per_request", {"type": _non_negative_int, "metavar": "N",
-                                   "help": "Fan-out limit per request; further promises are plain text (default 16)."}),
+                                   "help": "Fan-out limit per request; further promises are plain text."}),
     "--child-max-tokens": ("child_max_tokens", {"type": _positive_int, "metavar": "N",
-                           "help": "Token budget of each child (default: the parent's remaining budget)."}),
+                           "help": "Token budget of each child; unset: the parent's remaining budget."}),
     "--failed-child-marker": ("failed_child_marker", {"metavar": "TEXT",
-                              "help": "Text merged in place of a child that failed or was aborted (default: nothing)."}),
+                              "help": "Text merged in place of a child that failed or was aborted; unset: nothing."}),
 }
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SpecialKwargs)}
 
 
 def add_hook_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -97,7 +116,9 @@ def add_hook_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "turns hooks on; without them the server is stock vLLM.",
     )
     for flag, (name, kwargs) in FLAGS.items():
-        group.add_argument(flag, dest=DEST_PREFIX + name, default=None, **kwargs)
+        group.add_argument(
+            flag, dest=DEST_PREFIX + name, default=_DEFAULTS[name], action=_Given, **kwargs
+        )
     original = parser.parse_known_args
 
     @functools.wraps(original)
@@ -106,20 +127,28 @@ def add_hook_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         try:
             apply_hook_args(namespace)
         except SpecialKwargsError as exc:
-            parser.error(str(exc))
+            parser.error(_as_flags(str(exc)))
         return namespace, rest
 
     parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
     return parser
 
 
+def _as_flags(message: str) -> str:
+    """Name command-line flags, not SpecialKwargs fields, in CLI errors."""
+    for flag, (name, _kw) in sorted(FLAGS.items(), key=lambda kv: -len(kv[1][0])):
+        message = re.sub(rf"(?<![\w-]){name}(?![\w-])", flag, message)
+    return message
+
+
 def hook_args_from_namespace(namespace: argparse.Namespace) -> dict[str, Any]:
-    out = {}
-    for _flag, (name, _kw) in FLAGS.items():
-        value = getattr(namespace, DEST_PREFIX + name, None)
-        if value is not None:
-            out[name] = value
-    return out
+    """The hook settings given on the command line (field -> value)."""
+    given = getattr(namespace, GIVEN_ATTR, None) or ()
+    return {
+        name: getattr(namespace, DEST_PREFIX + name)
+        for name, _kw in FLAGS.values()
+        if DEST_PREFIX + name in given
+    }
 
 
 def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
