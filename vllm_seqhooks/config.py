@@ -348,3 +348,38 @@ def merged_tokens(
             out.extend(separator)
         out.extend(toks)
     return out
+
+
+# ---------------------------------------------------------------- per request
+#: Per-request settings, read from ``SamplingParams.extra_args`` (over HTTP:
+#: the ``vllm_xargs`` field, whose values must be flat). Key -> minimum value
+#: (None for booleans).
+REQUEST_OVERRIDE_KEYS: dict[str, int | None] = {
+    "seqhooks_enabled": None,
+    "seqhooks_child_max_tokens": 1,
+    "seqhooks_max_child_depth": 0,
+    "seqhooks_max_children_per_request": 0,
+}
+
+
+def parse_request_overrides(extra_args: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Validated per-request settings from ``extra_args`` (keys without the
+    ``seqhooks_`` prefix). Raises :class:`SpecialKwargsError` naming the key."""
+    if not extra_args:
+        return {}
+    out: dict[str, Any] = {}
+    for key, minimum in REQUEST_OVERRIDE_KEYS.items():
+        if key not in extra_args:
+            continue
+        value = extra_args[key]
+        if minimum is None:
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+                value = value.lower() in ("true", "1")
+            elif isinstance(value, int) and value in (0, 1):
+                value = bool(value)
+            if not isinstance(value, bool):
+                raise SpecialKwargsError(f"{key} must be true or false, got {value!r}")
+        else:
+            _check_int(key, value, minimum=minimum)
+        out[key[len("seqhooks_"):]] = value
+    return out

@@ -16,7 +16,11 @@ from typing import Any, Sequence
 import vllm
 from vllm import SamplingParams
 
-from vllm_seqhooks.config import SpecialKwargs, coerce_special_kwargs
+from vllm_seqhooks.config import (
+    SpecialKwargs,
+    coerce_special_kwargs,
+    parse_request_overrides,
+)
 from vllm_seqhooks.trace import attach_traces
 
 SCHEDULER_QUALNAME = "vllm_seqhooks.scheduler.SeqHooksScheduler"
@@ -67,7 +71,7 @@ def check_sampling_params(params: Any) -> None:
                 "logprobs/prompt_logprobs cannot be combined with sequence "
                 "hooks: merged child tokens are not sampled by the parent and "
                 "have no logprobs (turn hooks off for this request with "
-                "extra_args={'seqhooks': {'enabled': False}})"
+                "extra_args={'seqhooks_enabled': False})"
             )
 
 
@@ -97,8 +101,7 @@ class LLM(vllm.LLM):
         items = params if isinstance(params, (list, tuple)) else [params]
         for sp in items:
             if isinstance(sp, SamplingParams):
-                per_req = (sp.extra_args or {}).get("seqhooks") or {}
-                if per_req.get("enabled", True) is not False:
+                if parse_request_overrides(sp.extra_args).get("enabled", True):
                     return True
             elif sp is None:
                 return True
@@ -126,5 +129,5 @@ def _enabled_only(params: Any) -> Sequence[Any]:
     return [
         sp for sp in items
         if not (isinstance(sp, SamplingParams)
-                and ((sp.extra_args or {}).get("seqhooks") or {}).get("enabled", True) is False)
+                and parse_request_overrides(sp.extra_args).get("enabled", True) is False)
     ]

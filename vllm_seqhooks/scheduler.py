@@ -36,7 +36,12 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 from vllm_seqhooks import _vllm_private
-from vllm_seqhooks.config import ADDITIONAL_CONFIG_KEY, SpecialKwargs
+from vllm_seqhooks.config import (
+    ADDITIONAL_CONFIG_KEY,
+    SpecialKwargs,
+    SpecialKwargsError,
+    parse_request_overrides,
+)
 from vllm_seqhooks.dependencies import (
     ABORTED,
     FAILED,
@@ -61,8 +66,6 @@ logger = logging.getLogger("vllm_seqhooks.scheduler")
 #: scripted-token logits processor of vllm_seqhooks.testing).
 CHILD_KEY_ARG = "seqhooks_child_key"
 SAMPLED_BEFORE_ARG = "seqhooks_sampled_before"
-#: Per-request settings (extra_args["seqhooks"] / vllm_xargs).
-REQUEST_ARG = "seqhooks"
 TRACE_KEY = "seqhooks"
 
 _FINISH_STATUS = {
@@ -93,6 +96,7 @@ class _HookState:
     #: The join whose prefill is being counted, until the parent samples.
     accounting: JoinRecord | None = None
     first_scheduled: bool = False
+    child_max_tokens: int | None = None
 
 
 class SeqHooksMixin:
@@ -124,6 +128,7 @@ class SeqHooksMixin:
         self._pending_outputs: list[tuple[int, EngineCoreOutput]] = []
         self._ready_joins: list[str] = []
         self._accounting: dict[str, _HookState] = {}
+        self._num_parked = 0
         self.hook_stats: dict[str, int] = {
             "children_spawned": 0,
             "children_finished": 0,
@@ -159,21 +164,31 @@ class SeqHooksMixin:
         sp = request.sampling_params
         if sp is None:
             return
-        per_request = (sp.extra_args or {}).get(REQUEST_ARG) or {}
+        try:
+            per_request = parse_request_overrides(sp.extra_args)
+        except SpecialKwargsError as exc:
+            # The frontend validates these; a request that reached the engine
+            # without it runs without hooks rather than failing the engine.
+            logger.warning("%s: %s; sequence hooks off for this request",
+                           request.request_id, exc)
+            return
         if per_request.get("enabled", True) is False:
             return
         node = self.deps.get(request.request_id)
         depth = node.depth if node is not None else 0
-        max_depth = self.hooks.max_child_depth
-        if "max_child_depth" in per_request:
-            max_depth = min(max_depth, int(per_request["max_child_depth"]))
+        max_depth = min(self.hooks.max_child_depth,
+                        per_request.get("max_child_depth", self.hooks.max_child_depth))
+        max_children = min(
+            self.hooks.max_children_per_request,
+            per_request.get("max_children_per_request", self.hooks.max_children_per_request),
+        )
         scanner = None
-        if depth < max_depth and self.hooks.max_children_per_request > 0:
+        if depth < max_depth and max_children > 0:
             scanner = SpecialTokenProcessor(
                 self.hooks.sync_token_id,
                 self.hooks.promise_token_id,
                 self.hooks.promise_end_token_id,
-                max_promises=self.hooks.max_children_per_request,
+                max_promises=max_children,
             )
         self._hook_states[request.request_id] = _HookState(
             request=request,
@@ -181,6 +196,7 @@ class SeqHooksMixin:
             orig_prompt_len=request.num_prompt_tokens,
             orig_max_tokens=request.max_tokens,
             orig_min_tokens=sp.min_tokens,
+            child_max_tokens=per_request.get("child_max_tokens", self.hooks.child_max_tokens),
         )
 
     def finish_requests(
@@ -285,11 +301,20 @@ class SeqHooksMixin:
             request.status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = None
         st.parked = True
+        self._num_parked += 1
+        # The worker drops its state for the parked request (freeing its
+        # model-runner slot); it is re-sent in full when the request resumes.
+        self.finished_req_ids.add(request.request_id)
         self.deps.block(request.request_id)
         self._park_pending.add(request.request_id)
         self._parked_this_step.add(request.request_id)
         if self.deps.ready_to_join(request.request_id):
             self._ready_joins.append(request.request_id)
+
+    def _unpark(self, st: _HookState) -> None:
+        if st.parked:
+            st.parked = False
+            self._num_parked -= 1
 
     def _handle_stopped_request(self, request: Request) -> bool:
         if request.request_id not in self._park_pending:
@@ -330,8 +355,7 @@ class SeqHooksMixin:
         if room <= 0:
             self._ignore_promise(st, ev.start - 1, "max_model_len")
             return
-        per_request = (parent.sampling_params.extra_args or {}).get(REQUEST_ARG) or {}
-        budget = per_request.get("child_max_tokens", hooks.child_max_tokens)
+        budget = st.child_max_tokens
         if budget is None:
             budget = max(1, st.orig_max_tokens - st.sampled)
         budget = min(int(budget), room)
@@ -372,11 +396,11 @@ class SeqHooksMixin:
     # ---------------------------------------------------------- scheduling
     def schedule(self, *args: Any, **kwargs: Any):
         self._maybe_spill()
-        # Parked parents are counted by vLLM as holding a model-runner slot;
-        # with the V1 model runner they do not (unscheduled requests leave the
-        # persistent batch), and counting them would keep their own children
-        # out: let children in.
-        parked = self._num_parked_holding_slots()
+        # vLLM counts parked streaming sessions as holding a model-runner
+        # slot. Parked parents do not: the worker dropped their state when
+        # they parked (see _park). Counting them would keep their own
+        # children out of the batch (deadlock with few slots).
+        parked = self._num_parked
         if parked:
             self.num_waiting_for_streaming_input -= parked
         try:
@@ -387,11 +411,6 @@ class SeqHooksMixin:
         if self._accounting or self._children:
             self._account(out)
         return out
-
-    def _num_parked_holding_slots(self) -> int:
-        if self.use_v2_model_runner:
-            return 0
-        return sum(1 for st in self._hook_states.values() if st.parked)
 
     def _account(self, out) -> None:
         scheduled = out.num_scheduled_tokens
@@ -476,9 +495,6 @@ class SeqHooksMixin:
         st.spilled_frontier = req.num_computed_tokens
         req.num_computed_tokens = 0
         self.waiting.add_request(req)
-        # The worker drops its state for the request; it is re-sent in full
-        # when the request resumes.
-        self.finished_req_ids.add(req.request_id)
         self.hook_stats["spills"] += 1
         logger.info(
             "spilled parked request %s (%d computed tokens) to let its "
@@ -544,7 +560,7 @@ class SeqHooksMixin:
         if rid not in self._children:
             return
         del self._children[rid]
-        st = self._hook_states.pop(rid, None)
+        st = self._drop_state(rid, None)
         self._accounting.pop(rid, None)
         tokens: list[int] = []
         if state == FINISHED and st is not None:
@@ -588,7 +604,7 @@ class SeqHooksMixin:
             merged = []
         node = self.deps.get(rid)
         record = node.joins[-1]
-        st.parked = False
+        self._unpark(st)
         self.hook_stats["joins"] += 1
         # Room left under max_model_len (rule 7).
         room = self.max_model_len - req.num_tokens
@@ -651,14 +667,14 @@ class SeqHooksMixin:
         is_child = rid in self._children
         contribution = self._contribution(st) + merged if is_child else None
         stop_reason = st.final_stop_reason
-        st.parked = False
+        self._unpark(st)
         if st.spilled_frontier is not None:
             req.num_computed_tokens = st.spilled_frontier
             st.spilled_frontier = None
         super().finish_requests([rid], status)
         if is_child:
             del self._children[rid]
-            self._hook_states.pop(rid, None)
+            self._drop_state(rid, None)
             self.hook_stats["children_finished"] += 1
             reason = str(RequestStatus.get_finished_reason(status))
             parent_id = self.deps.child_ended(rid, FINISHED, contribution, reason)
@@ -672,7 +688,7 @@ class SeqHooksMixin:
             stop_reason=stop_reason,
         )
         self._attach_trace(out)
-        self._hook_states.pop(rid, None)
+        self._drop_state(rid, None)
         self._pending_outputs.append((req.client_index, out))
 
     # ---------------------------------------------------------------- trace
@@ -686,17 +702,23 @@ class SeqHooksMixin:
         params = dict(out.kv_transfer_params or {})
         params[TRACE_KEY] = trace
         out.kv_transfer_params = params
-        self._hook_states.pop(rid, None)
+        self._drop_state(rid, None)
         for n in nodes[1:]:
             self._children.pop(n.request_id, None)
-            self._hook_states.pop(n.request_id, None)
+            self._drop_state(n.request_id, None)
 
     def _drop_tree(self, rid: str) -> None:
         for n in self.deps.pop_tree(rid):
             self._forget(n.request_id)
 
+    def _drop_state(self, rid: str, default: None = None) -> _HookState | None:
+        st = self._hook_states.pop(rid, default)
+        if st is not None:
+            self._unpark(st)
+        return st
+
     def _forget(self, rid: str) -> None:
-        self._hook_states.pop(rid, None)
+        self._drop_state(rid)
         self._children.pop(rid, None)
         self._accounting.pop(rid, None)
         self._park_pending.discard(rid)
@@ -713,6 +735,7 @@ class SeqHooksMixin:
             "children": len(self._children),
             "accounting": len(self._accounting),
             "pending_outputs": len(self._pending_outputs),
+            "parked": self._num_parked,
             "requests": len(self.requests),
         }
 

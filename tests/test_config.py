@@ -1,0 +1,153 @@
+"""SpecialKwargs: validation, token-string resolution, JSON round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_seqhooks.config import (
+    SpecialKwargs,
+    SpecialKwargsError,
+    coerce_special_kwargs,
+    parse_request_overrides,
+)
+
+
+class FakeTokenizer:
+    """Whitespace-free toy tokenizer: specials are atomic, other chars map to
+    ord(c)+100."""
+
+    specials = {"<sync>": 6, "<promise>": 4, "</promise>": 5}
+
+    def encode(self, text, add_special_tokens=False):
+        ids, i = [], 0
+        while i < len(text):
+            for s, tid in self.specials.items():
+                if text.startswith(s, i):
+                    ids.append(tid)
+                    i += len(s)
+                    break
+            else:
+                ids.append(ord(text[i]) + 100)
+                i += 1
+        return ids
+
+    def __len__(self):
+        return 300
+
+
+def test_defaults_match_design():
+    k = SpecialKwargs(sync_token_id=6, promise_token_id=4)
+    assert k.promise_end_token_id is None
+    assert k.child_context == "fork"
+    assert k.merge_strategy == "concatenate"
+    assert k.merge_separator == "\n"
+    assert k.max_child_depth == 1
+    assert k.max_children_per_request == 16
+    assert k.child_max_tokens is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(promise_token_id=4), "sync_token_id"),
+        (dict(sync_token_id=6), "promise_token_id"),
+        (dict(sync_token_id=6, promise_token_id=6), "must differ"),
+        (dict(sync_token_id=6, promise_token_id=4, promise_end_token_id=4), "must differ"),
+        (dict(sync_token_id=-1, promise_token_id=4), "sync_token_id"),
+        (dict(sync_token_id=6, promise_token_id=-2), "promise_token_id"),
+        (dict(sync_token_id="6", promise_token_id=4), "sync_token_id"),
+        (dict(sync_token_id=True, promise_token_id=4), "sync_token_id"),
+        (dict(sync_token_id=6, promise_token_id=4, merge_strategy="zip"), "merge_strategy"),
+        (dict(sync_token_id=6, promise_token_id=4, child_context="clone"), "child_context"),
+        (dict(sync_token_id=6, promise_token_id=4, max_child_depth=-1), "max_child_depth"),
+        (dict(sync_token_id=6, promise_token_id=4, max_children_per_request=-1),
+         "max_children_per_request"),
+        (dict(sync_token_id=6, promise_token_id=4, child_max_tokens=0), "child_max_tokens"),
+        (dict(sync_token_id=6, promise_token_id=4, merge_separator=3), "merge_separator"),
+        (dict(sync_token_id=6, promise_token_id=4, child_prompt_template="x {payload}"),
+         "child_prompt_template"),
+        (dict(sync_token_id=6, promise_token_id=4, child_context="payload",
+              child_prompt_template="no placeholder"), "child_prompt_template"),
+        (dict(sync_token_id=6, promise_token_id=4, sync_token=""), "sync_token"),
+        (dict(sync_token_id=6, promise_token_id=4, failed_child_marker=1), "failed_child_marker"),
+    ],
+)
+def test_validation_errors_name_the_field(kwargs, field):
+    with pytest.raises(SpecialKwargsError, match=field):
+        SpecialKwargs(**kwargs)
+
+
+def test_bad_value_is_in_message():
+    with pytest.raises(SpecialKwargsError, match="'zip'"):
+        SpecialKwargs(sync_token_id=6, promise_token_id=4, merge_strategy="zip")
+    with pytest.raises(SpecialKwargsError, match="-3"):
+        SpecialKwargs(sync_token_id=6, promise_token_id=4, max_child_depth=-3)
+
+
+def test_unknown_dict_field_is_rejected():
+    with pytest.raises(SpecialKwargsError, match="sync_tokn_id"):
+        SpecialKwargs.from_dict({"sync_tokn_id": 1, "promise_token_id": 4})
+    with pytest.raises(SpecialKwargsError, match="dict"):
+        coerce_special_kwargs([1, 2])
+
+
+def test_token_strings_resolve_through_tokenizer():
+    k = SpecialKwargs(sync_token="<sync>", promise_token="<promise>",
+                      promise_end_token="</promise>", merge_separator=" | ")
+    assert not k.is_resolved
+    r = k.resolve(FakeTokenizer())
+    assert (r.sync_token_id, r.promise_token_id, r.promise_end_token_id) == (6, 4, 5)
+    assert r.merge_separator_token_ids == (132, 224, 132)
+    assert r.is_resolved
+    assert k.sync_token_id is None  # resolve() returns a copy
+
+
+def test_token_string_that_is_not_one_token():
+    with pytest.raises(SpecialKwargsError, match=r"sync_token '<synk>' is not a single token"):
+        SpecialKwargs(sync_token="<synk>", promise_token="<promise>").resolve(FakeTokenizer())
+
+
+def test_token_string_and_id_must_agree():
+    k = SpecialKwargs(sync_token="<sync>", sync_token_id=7, promise_token_id=4)
+    with pytest.raises(SpecialKwargsError, match="sync_token '<sync>' is token id 6"):
+        k.resolve(FakeTokenizer())
+
+
+def test_vocab_check():
+    k = SpecialKwargs(sync_token_id=6, promise_token_id=4000)
+    with pytest.raises(SpecialKwargsError, match="promise_token_id 4000 is outside"):
+        k.resolve(FakeTokenizer())
+    with pytest.raises(SpecialKwargsError, match="sync_token_id 6 is outside"):
+        SpecialKwargs(sync_token_id=6, promise_token_id=4).check_vocab(5)
+
+
+def test_template_is_tokenized_around_payload():
+    k = SpecialKwargs(sync_token_id=6, promise_token_id=4, child_context="payload",
+                      child_prompt_template="Q:{payload}A:").resolve(FakeTokenizer())
+    assert k.child_prompt_prefix_token_ids == (181, 158)
+    assert k.child_prompt_suffix_token_ids == (165, 158)
+
+
+def test_json_round_trip_and_additional_config():
+    k = SpecialKwargs(sync_token="<sync>", promise_token="<promise>", child_max_tokens=9,
+                      failed_child_marker="[failed]").resolve(FakeTokenizer())
+    assert SpecialKwargs.from_json(k.to_json()) == k
+    ac = k.to_additional_config({"other": 1})
+    assert ac["other"] == 1
+    json.dumps(ac)  # JSON-able, as vLLM's additional_config must be
+    assert SpecialKwargs.from_additional_config(ac) == k
+    assert SpecialKwargs.from_additional_config({"other": 1}) is None
+
+
+def test_request_overrides():
+    assert parse_request_overrides(None) == {}
+    assert parse_request_overrides({"seqhooks_enabled": "false"}) == {"enabled": False}
+    assert parse_request_overrides(
+        {"seqhooks_child_max_tokens": 5, "seqhooks_max_child_depth": 0, "other": 1}
+    ) == {"child_max_tokens": 5, "max_child_depth": 0}
+    with pytest.raises(SpecialKwargsError, match="seqhooks_child_max_tokens"):
+        parse_request_overrides({"seqhooks_child_max_tokens": 0})
+    with pytest.raises(SpecialKwargsError, match="seqhooks_enabled"):
+        parse_request_overrides({"seqhooks_enabled": "maybe"})
