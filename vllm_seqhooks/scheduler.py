@@ -316,6 +316,13 @@ class SeqHooksMixin:
             st.parked = False
             self._num_parked -= 1
 
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any):
+        # A child's state lives until its parent has taken its output
+        # (_child_ended); any other request's goes with the request.
+        if CHILD_ID_MARKER not in request.request_id:
+            self._drop_state(request.request_id)
+        return super()._free_request(request, *args, **kwargs)
+
     def _handle_stopped_request(self, request: Request) -> bool:
         if request.request_id not in self._park_pending:
             return super()._handle_stopped_request(request)
@@ -513,9 +520,11 @@ class SeqHooksMixin:
             kept: list[EngineCoreOutput] = []
             for out in eco.outputs:
                 rid = out.request_id
-                if rid in self._children:
-                    if out.finish_reason is not None:
-                        child = self._children[rid]
+                if CHILD_ID_MARKER in rid:
+                    # Children's outputs never leave EngineCore.
+                    child = self._children.get(rid)
+                    if (child is not None and out.finish_reason is not None
+                            and rid not in parked_now):
                         state = FINISHED if out.finish_reason in (
                             FinishReason.STOP, FinishReason.LENGTH,
                             FinishReason.REPETITION) else FAILED
@@ -524,14 +533,19 @@ class SeqHooksMixin:
                 if rid in parked_now:
                     out.finish_reason = None
                     out.stop_reason = None
+                    st = self._hook_states.get(rid)
+                    if st is not None and st.stop_pos is not None and out.new_token_ids:
+                        # Hold the stop token back: the frontend drops the
+                        # last token of a stop-terminated output from the
+                        # text, so it must come after the merged tokens.
+                        out.new_token_ids = list(out.new_token_ids[:-1])
                 elif out.finish_reason is not None and rid in self.deps:
                     self._attach_trace(out)
                 kept.append(out)
             eco.outputs = kept
             if eco.finished_requests:
                 eco.finished_requests = {
-                    r for r in eco.finished_requests if not self.deps.is_child(r)
-                    and not _is_child_id(r)
+                    r for r in eco.finished_requests if CHILD_ID_MARKER not in r
                 }
         # Joins (may cascade: a child finishing after its own join).
         while self._ready_joins:
@@ -681,9 +695,10 @@ class SeqHooksMixin:
             if parent_id is not None:
                 self._ready_joins.append(parent_id)
             return
+        held = [req.all_token_ids[st.stop_pos]] if st.stop_pos is not None else []
         out = EngineCoreOutput(
             request_id=rid,
-            new_token_ids=list(merged),
+            new_token_ids=[*merged, *held],
             finish_reason=RequestStatus.get_finished_reason(status),
             stop_reason=stop_reason,
         )
@@ -738,10 +753,6 @@ class SeqHooksMixin:
             "parked": self._num_parked,
             "requests": len(self.requests),
         }
-
-
-def _is_child_id(request_id: str) -> bool:
-    return CHILD_ID_MARKER in request_id
 
 
 def _derive_seed(seed: int, key: str) -> int:

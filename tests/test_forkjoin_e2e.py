@@ -1,0 +1,283 @@
+"""Fork/join end to end through ``vllm_seqhooks.LLM`` on the tiny model
+(in-process engine), with hook tokens forced by the scripted-token logits
+processor. Oracles come from a stock ``vllm.LLM`` on the same weights."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PROMPT = (
+    "The quick brown fox jumps over the lazy dog; pack my box with five dozen "
+    "liquor jugs."
+)
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir):
+    import vllm
+
+    from vllm_seqhooks.testing.forkjoin import TINY_ENGINE_KWARGS, Scripts, hook_llm
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        hooked = hook_llm(tiny_model_dir, hooks=dict(max_child_depth=2))
+        stock = vllm.LLM(tiny_model_dir, **TINY_ENGINE_KWARGS)
+        yield hooked, stock, Scripts(hooked.get_tokenizer())
+
+
+def gen(llm, prompts, params):
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def assert_engine_idle(llm):
+    from vllm_seqhooks.testing.forkjoin import kv_blocks_in_use, scheduler_of
+
+    sched = scheduler_of(llm)
+    sizes = sched.hook_state_sizes()
+    assert sizes == {k: 0 for k in sizes}, sizes
+    assert kv_blocks_in_use(llm) == 0
+    assert sched.num_waiting_for_streaming_input == 0
+
+
+def test_scheduler_in_engine_is_ours(engines):
+    from vllm_seqhooks.scheduler import SeqHooksSyncScheduler
+    from vllm_seqhooks.testing.forkjoin import scheduler_of
+
+    hooked, stock, _ = engines
+    sched = scheduler_of(hooked)
+    assert isinstance(sched, SeqHooksSyncScheduler)
+    assert sched.hooks.max_child_depth == 2
+    assert type(scheduler_of(stock)).__module__.startswith("vllm.")
+
+
+def test_join_merges_children_in_promise_order(engines):
+    hooked, _, S = engines
+    params = S.params(
+        "ab<promise>xy</promise><promise>zw</promise>c<sync>done",
+        {"0": "AAA", "1": "BBBB"},
+    )
+    out = gen(hooked, [PROMPT], params)[0]
+    c = out.outputs[0]
+    assert c.text == "ab<promise>xy</promise><promise>zw</promise>c<sync>AAA\nBBBBdone"
+    assert c.finish_reason == "stop"
+    trace = out.hook_trace
+    assert [ch["key"] for ch in trace["children"]] == ["0", "1"]
+    assert [ch["payload"] for ch in trace["children"]] == ["xy", "zw"]
+    assert [ch["output"] for ch in trace["children"]] == ["AAA", "BBBB"]
+    assert all(ch["state"] == "merged" for ch in trace["children"])
+    (join,) = trace["joins"]
+    assert join["children"] == ["0", "1"] and join["merged_tokens"] == 8
+    assert_engine_idle(hooked)
+
+
+def test_parent_continuation_matches_fresh_request(engines):
+    """Exactness oracle: after a join the parent continues exactly as a fresh
+    request given the same full context (greedy, float32)."""
+    hooked, stock, S = engines
+    prompt_ids = hooked.get_tokenizer().encode(PROMPT)
+    script = S("<promise>xy</promise>c<sync>")
+    n_free = 16
+    params = S.params(script, {"0": "AAA"}, end="free", max_tokens=len(script) + n_free)
+    out = gen(hooked, [{"prompt_token_ids": prompt_ids}], params)[0].outputs[0]
+    merged = S("AAA")
+    assert list(out.token_ids[: len(script) + len(merged)]) == script + merged
+    continuation = list(out.token_ids[len(script) + len(merged):])
+    assert len(continuation) == n_free
+    import vllm
+
+    ref = gen(
+        stock,
+        [{"prompt_token_ids": prompt_ids + script + merged}],
+        vllm.SamplingParams(temperature=0, max_tokens=n_free),
+    )[0].outputs[0]
+    assert continuation == list(ref.token_ids)
+
+
+def test_forked_child_matches_fresh_request(engines):
+    hooked, stock, S = engines
+    prompt_ids = hooked.get_tokenizer().encode(PROMPT)
+    script = S("<promise>xy</promise><sync>")
+    params = S.params(script, None, child_end=None,
+                      extra_args={"seqhooks_child_max_tokens": 10})
+    out = gen(hooked, [{"prompt_token_ids": prompt_ids}], params)[0]
+    (child,) = out.hook_trace["children"]
+    assert child["finish_reason"] == "length" and child["num_output_tokens"] == 10
+    import vllm
+
+    ref = gen(
+        stock,
+        [{"prompt_token_ids": prompt_ids + script[:-1]}],  # through </promise>
+        vllm.SamplingParams(temperature=0, max_tokens=10),
+    )[0].outputs[0]
+    assert child["output_token_ids"] == list(ref.token_ids)
+    # and the parent's text has the child's output right after <sync>
+    assert out.outputs[0].text == "<promise>xy</promise><sync>" + ref.text
+
+
+def test_prefill_at_join_and_fork_reuse(engines):
+    """Engine-side counters: a join prefills only <sync> + merged tokens; a
+    forked child computes at most one block of its prompt."""
+    hooked, _, S = engines
+    from vllm_seqhooks.testing.forkjoin import scheduler_of
+
+    prompt_ids = hooked.get_tokenizer().encode(PROMPT * 2)
+    script = S("hello<promise>xyz</promise>ab<sync>!")
+    stats0 = dict(scheduler_of(hooked).hook_stats)
+    out = gen(hooked, [{"prompt_token_ids": prompt_ids}], S.params(script, {"0": "ABCDEFG"}))[0]
+    trace = out.hook_trace
+    (join,) = trace["joins"]
+    assert join["merged_tokens"] == 7
+    assert join["prefilled_tokens"] == 7 + 1  # merged + the re-added <sync>
+    sync_pos = len(prompt_ids) + script.index(S("<sync>")[0])
+    assert join["reused_tokens"] == sync_pos  # everything before <sync> kept its KV
+    (child,) = trace["children"]
+    block = 32
+    assert child["prompt_tokens"] == len(prompt_ids) + len(S("hello<promise>xyz</promise>"))
+    assert child["cached_prompt_tokens"] == child["prompt_tokens"] // block * block
+    assert child["prompt_tokens"] - child["cached_prompt_tokens"] <= block
+    stats = scheduler_of(hooked).hook_stats
+    assert stats["join_prefill_tokens"] - stats0["join_prefill_tokens"] == 8
+    assert stats["fork_cached_tokens"] - stats0["fork_cached_tokens"] == child["cached_prompt_tokens"]
+
+
+def test_fan_out_8_and_depth_2(engines):
+    hooked, _, S = engines
+    promises = "".join(f"<promise>t{i}</promise>" for i in range(8))
+    children = {str(i): f"r{i}" for i in range(8)}
+    # child 3 forks two grandchildren of its own and merges them
+    children["3"] = "g<promise>u</promise><promise>v</promise><sync>."
+    children["3.0"] = "G0"
+    children["3.1"] = "G1"
+    out = gen(hooked, [PROMPT], S.params(promises + "<sync>end", children))[0]
+    merged3 = "g<promise>u</promise><promise>v</promise><sync>G0\nG1."
+    expected_children = [f"r{i}" if i != 3 else merged3 for i in range(8)]
+    assert out.outputs[0].text == promises + "<sync>" + "\n".join(expected_children) + "end"
+    trace = out.hook_trace
+    assert len(trace["children"]) == 8
+    c3 = trace["children"][3]
+    assert [g["key"] for g in c3["children"]] == ["3.0", "3.1"]
+    assert all(g["depth"] == 2 for g in c3["children"])
+    assert_engine_idle(hooked)
+
+
+def test_depth_limit_makes_hooks_plain_text(engines):
+    hooked, _, S = engines
+    # max_child_depth=1 for this request: child "0" may not spawn
+    params = S.params("<promise>a</promise><sync>", {"0": "x<promise>b</promise>y<sync>z"},
+                      extra_args={"seqhooks_max_child_depth": 1})
+    out = gen(hooked, [PROMPT], params)[0]
+    assert out.outputs[0].text == "<promise>a</promise><sync>x<promise>b</promise>y<sync>z"
+    (child,) = out.hook_trace["children"]
+    assert child["children"] == []
+
+
+def test_children_limit_leaves_extra_promises_as_text(engines):
+    hooked, _, S = engines
+    params = S.params(
+        "<promise>a</promise><promise>b</promise><promise>c</promise><sync>",
+        {"0": "A", "1": "B", "2": "C"},
+        extra_args={"seqhooks_max_children_per_request": 2},
+    )
+    out = gen(hooked, [PROMPT], params)[0]
+    assert out.outputs[0].text.endswith("<sync>A\nB")
+    trace = out.hook_trace
+    assert len(trace["children"]) == 2
+    assert trace["ignored_promises"][0]["reason"] == "max_children_per_request"
+
+
+def test_many_parents_in_one_batch(engines):
+    hooked, _, S = engines
+    params, expected = [], []
+    for i in range(64):
+        a, b = f"a{i}", f"b{i}"
+        params.append(S.params(f"p{i}<promise>x</promise><promise>y</promise><sync>q",
+                               {"0": a, "1": b}))
+        expected.append(f"p{i}<promise>x</promise><promise>y</promise><sync>{a}\n{b}q")
+    outs = gen(hooked, [f"{PROMPT} #{i}" for i in range(64)], params)
+    assert [o.outputs[0].text for o in outs] == expected
+    assert_engine_idle(hooked)
+
+
+def test_sync_without_children_is_a_no_op(engines):
+    hooked, _, S = engines
+    out = gen(hooked, [PROMPT], S.params("ab<sync>cd"))[0]
+    assert out.outputs[0].text == "ab<sync>cd"
+    assert out.hook_trace is None
+
+
+def test_payload_never_closed_spawns_at_end(engines):
+    """A payload still open when the parent stops closes there; the parent
+    waits for the child and appends its output before finishing."""
+    hooked, _, S = engines
+    out = gen(hooked, [PROMPT], S.params("ab<promise>xy", {"0": "CHILD"}))[0]
+    c = out.outputs[0]
+    assert c.finish_reason == "stop"
+    assert c.text == "ab<promise>xyCHILD"
+    (child,) = out.hook_trace["children"]
+    assert child["payload"] == "xy"
+    assert_engine_idle(hooked)
+
+
+def test_parent_hitting_max_tokens_waits_for_children(engines):
+    hooked, _, S = engines
+    params = S.params("<promise>x</promise>abcdefgh", {"0": "LONGCHILD"}, max_tokens=5,
+                      extra_args={"seqhooks_child_max_tokens": 20})
+    out = gen(hooked, [PROMPT], params)[0]
+    c = out.outputs[0]
+    assert c.finish_reason == "length"
+    assert c.text == "<promise>x</promise>ab" + "LONGCHILD"
+    # without child_max_tokens a child gets the parent's remaining budget (2)
+    out = gen(hooked, [PROMPT], S.params("<promise>x</promise>abcdefgh", {"0": "LONGCHILD"},
+                                         max_tokens=5))[0]
+    assert out.outputs[0].text == "<promise>x</promise>ab" + "LO"
+    assert out.hook_trace["children"][0]["finish_reason"] == "length"
+    assert_engine_idle(hooked)
+
+
+def test_merge_truncated_at_max_model_len(engines):
+    hooked, _, S = engines
+    max_len = hooked.llm_engine.vllm_config.model_config.max_model_len
+    script = S("<promise>x</promise><sync>more")
+    prompt_ids = [70 + (i % 20) for i in range(max_len - len(script) - 5)]
+    params = S.params(script, {"0": "C" * 30})
+    out = gen(hooked, [{"prompt_token_ids": prompt_ids}], params)[0]
+    c = out.outputs[0]
+    assert c.finish_reason == "length"
+    assert len(prompt_ids) + len(c.token_ids) == max_len
+    assert c.text.startswith("<promise>x</promise><sync>CCC")
+    assert out.hook_trace["joins"][0]["truncated"] is True
+    assert_engine_idle(hooked)
+
+
+def test_logprobs_with_hooks_are_rejected(engines):
+    hooked, _, S = engines
+    params = S.params("ab", logprobs=1)
+    with pytest.raises(ValueError, match="logprobs"):
+        gen(hooked, [PROMPT], params)
+    # ... unless hooks are off for that request
+    params = S.params("ab", logprobs=1, extra_args={"seqhooks_enabled": False})
+    out = gen(hooked, [PROMPT], params)[0]
+    assert out.outputs[0].text == "ab"
+
+
+def test_hooks_off_for_one_request(engines):
+    hooked, _, S = engines
+    params = S.params("<promise>x</promise><sync>y", {"0": "C"},
+                      extra_args={"seqhooks_enabled": False})
+    out = gen(hooked, [PROMPT], params)[0]
+    assert out.outputs[0].text == "<promise>x</promise><sync>y"
+    assert out.hook_trace is None
+
+
+def test_seeded_sampling_children_are_deterministic(engines):
+    hooked, _, S = engines
+    params = S.params("<promise>a</promise><promise>b</promise><sync>", None, child_end=None,
+                      temperature=1.0, seed=1234,
+                      extra_args={"seqhooks_child_max_tokens": 6})
+    t1 = gen(hooked, [PROMPT], params)[0]
+    t2 = gen(hooked, [PROMPT], params)[0]
+    assert t1.outputs[0].text == t2.outputs[0].text
+    o = [c["output_token_ids"] for c in t1.hook_trace["children"]]
+    assert len(o) == 2 and all(len(x) == 6 for x in o)

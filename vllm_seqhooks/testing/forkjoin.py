@@ -1,0 +1,102 @@
+"""Helpers shared by tests, benchmarks and examples that drive fork/join on
+the tiny model with scripted tokens (imports vLLM)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from vllm_seqhooks.testing.scripted import (
+    ScriptedTokensLogitsProcessor,
+    encode_script,
+    scripted_params,
+)
+from vllm_seqhooks.testing.tiny_model import (
+    EOS_ID,
+    PROMISE_END_ID,
+    PROMISE_ID,
+    SYNC_ID,
+)
+
+#: Hook configuration matching the tiny model's tokens.
+TINY_HOOKS: dict[str, Any] = dict(
+    sync_token_id=SYNC_ID,
+    promise_token_id=PROMISE_ID,
+    promise_end_token_id=PROMISE_END_ID,
+)
+
+#: Engine keyword arguments for the tiny model on CPU.
+TINY_ENGINE_KWARGS: dict[str, Any] = dict(
+    enforce_eager=True,
+    kv_cache_memory_bytes=64 << 20,
+    max_model_len=1024,
+    block_size=32,
+    dtype="float32",
+    seed=0,
+)
+
+
+def hook_llm(model: str, *, hooks: Mapping[str, Any] | None = None, **engine_kwargs: Any):
+    """A ``vllm_seqhooks.LLM`` on the tiny model with the scripted-token
+    logits processor installed."""
+    from vllm_seqhooks.llm import LLM
+
+    kwargs = {**TINY_ENGINE_KWARGS, **engine_kwargs}
+    kwargs.setdefault("logits_processors", [ScriptedTokensLogitsProcessor])
+    return LLM(model, special_kwargs={**TINY_HOOKS, **(hooks or {})}, **kwargs)
+
+
+class Scripts:
+    """Turns ``"ab<promise>xy</promise><sync>"`` into token ids."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return encode_script(self.tokenizer, text)
+
+    def text(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def params(
+        self,
+        script: str | Sequence[int] | None,
+        children: Mapping[str, str | Sequence[int]] | None = None,
+        *,
+        end: str = "eos",
+        child_end: str | None = "eos",
+        **kwargs: Any,
+    ):
+        """Scripted greedy ``SamplingParams``; scripts end with EOS unless
+        ``end="free"``."""
+        return scripted_params(
+            None if script is None else self._ids(script),
+            child_scripts=(
+                {k: self._ids(v) for k, v in children.items()} if children else None
+            ),
+            end=end,
+            child_end=child_end,
+            eos_token_id=EOS_ID,
+            **kwargs,
+        )
+
+    def _ids(self, s: str | Sequence[int]) -> list[int]:
+        return self(s) if isinstance(s, str) else [int(t) for t in s]
+
+
+def engine_core_of(llm: Any):
+    """The in-process EngineCore of ``llm`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    core = llm.llm_engine.engine_core
+    inner = getattr(core, "engine_core", None)
+    if inner is None:
+        raise RuntimeError("the engine runs in another process (multiprocessing on)")
+    return inner
+
+
+def scheduler_of(llm: Any):
+    return engine_core_of(llm).scheduler
+
+
+def kv_blocks_in_use(llm: Any) -> int:
+    """KV blocks held by requests (cached-but-free blocks are not in use)."""
+    pool = scheduler_of(llm).kv_cache_manager.block_pool
+    return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
