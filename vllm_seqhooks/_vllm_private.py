@@ -21,6 +21,7 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_update_request_as_session", ("self", "session", "update")),
     ("_free_request_blocks", ("self", "request")),
     ("_free_request", ("self", "request", "delay_free_blocks")),
+    ("_preempt_request", ("self", "request", "timestamp", "drop_stale_output")),
     ("finish_requests", ("self", "request_ids", "finished_status")),
     ("add_request", ("self", "request")),
     ("update_from_output", ("self", "scheduler_output", "model_runner_output")),

@@ -141,6 +141,7 @@ class SeqHooksMixin:
             "fork_prompt_tokens": 0,
             "fork_cached_tokens": 0,
             "spills": 0,
+            "preemptions": 0,
             "promises_ignored": 0,
             "truncated_merges": 0,
         }
@@ -228,6 +229,9 @@ class SeqHooksMixin:
             node = self.deps.get(rid)
             if node is not None and node.parent_id is None:
                 self._drop_tree(rid)
+        if self._ready_joins:
+            gone = {req.request_id for req in finished}
+            self._ready_joins = [r for r in self._ready_joins if r not in gone]
         return finished
 
     # ------------------------------------------------------------ sampling
@@ -451,6 +455,10 @@ class SeqHooksMixin:
             if node is not None:
                 node.cached_prompt_tokens = cached
             self.hook_stats["fork_cached_tokens"] += cached
+
+    def _preempt_request(self, request: Request, *args: Any, **kwargs: Any):
+        self.hook_stats["preemptions"] += 1
+        return super()._preempt_request(request, *args, **kwargs)
 
     # ---------------------------------------------------------------- spill
     def _maybe_spill(self) -> None:
@@ -740,6 +748,12 @@ class SeqHooksMixin:
         node = self.deps.get(rid)
         if node is not None and node.parent_id is None:
             self.deps.pop_tree(rid)
+
+    def get_num_unfinished_requests(self) -> int:
+        # A join decided outside update_from_output (a child aborted from
+        # outside) is delivered by the next step: keep the engine stepping.
+        pending = len(self._ready_joins) + len(self._pending_outputs)
+        return super().get_num_unfinished_requests() + pending
 
     # ------------------------------------------------------------- queries
     def hook_state_sizes(self) -> dict[str, int]:

@@ -1,0 +1,39 @@
+"""Shared pytest fixtures: the tiny offline model and engine settings."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+#: Engine keyword arguments for the tiny model on CPU: small KV cache, no
+#: torch.compile (saves ~30 s a start), float32.  CPU block sizes must be
+#: multiples of 32.
+TINY_LLM_KWARGS: dict[str, Any] = dict(
+    enforce_eager=True,
+    kv_cache_memory_bytes=64 << 20,
+    max_model_len=1024,
+    block_size=32,
+    dtype="float32",
+    seed=0,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Path (str) of the tiny random Llama model, built once per session."""
+    from vllm_seqhooks.testing.tiny_model import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llm_kwargs(tiny_model_dir: str) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments for the tiny model (copy before editing)."""
+    return dict(model=tiny_model_dir, **TINY_LLM_KWARGS)

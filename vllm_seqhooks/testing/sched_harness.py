@@ -1,0 +1,535 @@
+"""Drive a V1 scheduler directly, without a model or a worker ("surgical"
+scheduler tests, in the style of vLLM's own ``tests/v1/core`` tests).
+
+The harness builds a :class:`~vllm.config.VllmConfig` offline (a tiny Llama
+``config.json`` written to a temporary directory, no tokenizer, no weights), a
+one-group full-attention :class:`~vllm.v1.kv_cache_interface.KVCacheConfig`
+and the scheduler, then plays the part of EngineCore and of the worker:
+
+* :class:`SchedHarness` ``.step()`` is one ``EngineCore.step`` (sync
+  scheduling) or one ``EngineCore.step_with_batch_queue`` with a batch queue of
+  two (async scheduling): step N+1 is scheduled *before* the output of step N
+  is processed, so the async scheduler's output placeholders are exercised;
+* the "worker" (:meth:`SchedHarness.execute`) samples, for every scheduled
+  request that is not a non-final prefill chunk, the token its *script* gives
+  for the position being sampled.  The index into the script is the one the
+  scripted-token logits processor (``vllm_seqhooks.testing.scripted``) uses:
+  ``extra_args["seqhooks_sampled_before"] + (position - num_prompt_tokens)``,
+  read from the request as scheduled.  So a token depends only on the
+  request's id and on how many tokens it had sampled before, like a
+  deterministic model: a stale in-flight step and the step that recomputes it
+  sample the same token.
+
+Everything the scheduler returns is recorded: per-step ``num_scheduled_tokens``
+and the :class:`~vllm.v1.engine.EngineCoreOutput` s, with helpers to read the
+tokens, finish reasons and the fork/join trace of each request.
+
+Token ids are those of ``vllm_seqhooks.testing.tiny_model`` (EOS 2,
+``<promise>`` 4, ``</promise>`` 5, ``<sync>`` 6, ``"\\n"`` 8 as the merge
+separator).  Importing this module imports vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from vllm_seqhooks.config import SpecialKwargs
+from vllm_seqhooks.testing.tiny_model import (
+    EOS_ID,
+    PROMISE_END_ID,
+    PROMISE_ID,
+    SYNC_ID,
+)
+
+#: Merge separator used by default (the tiny tokenizer's "\n").
+SEP_ID = 8
+#: Marker tokens used as ``failed_child_marker_token_ids`` in tests.
+FAILED_MARKER_IDS = (90, 91)
+#: Vocabulary of the fake model (the tiny model's padded vocab).
+VOCAB = 128
+#: Tokens the "model" produces when a script is exhausted: never a hook
+#: token, EOS or the separator.
+FILLER_BASE = 20
+FILLER_SPAN = 60
+
+SAMPLED_BEFORE_ARG = "seqhooks_sampled_before"
+TRACE_KEY = "seqhooks"
+
+_MODEL_DIR: str | None = None
+_HASH_READY = False
+
+
+def tiny_model_dir() -> str:
+    """A directory holding only a tiny Llama ``config.json`` (per process)."""
+    global _MODEL_DIR
+    if _MODEL_DIR is None or not os.path.isdir(_MODEL_DIR):
+        d = tempfile.mkdtemp(prefix="seqhooks_sched_harness_")
+        cfg = {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "vocab_size": VOCAB,
+            "max_position_embeddings": 4096,
+            "bos_token_id": 1,
+            "eos_token_id": EOS_ID,
+            "rms_norm_eps": 1e-5,
+            "torch_dtype": "float32",
+            "tie_word_embeddings": False,
+        }
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        _MODEL_DIR = d
+    return _MODEL_DIR
+
+
+def default_hooks(**overrides: Any) -> SpecialKwargs:
+    """Resolved hook settings (no tokenizer needed): the tiny model's ids."""
+    base: dict[str, Any] = dict(
+        sync_token_id=SYNC_ID,
+        promise_token_id=PROMISE_ID,
+        promise_end_token_id=PROMISE_END_ID,
+        merge_separator_token_ids=[SEP_ID],
+    )
+    base.update(overrides)
+    if base.get("failed_child_marker") is not None and base.get(
+        "failed_child_marker_token_ids"
+    ) is None:
+        base["failed_child_marker_token_ids"] = list(FAILED_MARKER_IDS)
+    return SpecialKwargs(**base)
+
+
+def make_vllm_config(
+    async_scheduling: bool,
+    *,
+    num_blocks: int = 64,
+    block_size: int = 16,
+    max_num_seqs: int = 16,
+    max_model_len: int = 512,
+    max_num_batched_tokens: int | None = None,
+    enable_prefix_caching: bool = True,
+    hooks: SpecialKwargs | dict | None = None,
+):
+    """A VllmConfig built offline; ``hooks`` None means no seqhooks config."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    if max_num_batched_tokens is None:
+        max_num_batched_tokens = max(max_model_len, 256)
+    model_config = ModelConfig(
+        model=tiny_model_dir(),
+        skip_tokenizer_init=True,
+        max_model_len=max_model_len,
+        dtype="float32",
+        seed=0,
+    )
+    scheduler_config = SchedulerConfig(
+        max_model_len=max_model_len,
+        is_encoder_decoder=False,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_chunked_prefill=True,
+        async_scheduling=async_scheduling,
+    )
+    cache_config = CacheConfig(
+        block_size=block_size, enable_prefix_caching=enable_prefix_caching
+    )
+    additional: dict[str, Any] = {}
+    if hooks is not None:
+        if isinstance(hooks, dict):
+            hooks = default_hooks(**hooks)
+        additional = hooks.to_additional_config()
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+        additional_config=additional,
+    )
+    # The CPU platform turns async scheduling off; the scheduler itself does
+    # not care which platform it runs on.
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    return vllm_config
+
+
+def make_kv_cache_config(num_blocks: int, block_size: int):
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+    )
+
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"],
+                FullAttentionSpec(
+                    block_size=block_size,
+                    num_kv_heads=1,
+                    head_size=16,
+                    dtype=torch.float32,
+                ),
+            )
+        ],
+    )
+
+
+def block_hasher(block_size: int):
+    global _HASH_READY
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    if not _HASH_READY:
+        init_none_hash(sha256)
+        _HASH_READY = True
+    return get_request_block_hasher(block_size, sha256)
+
+
+def make_scheduler(
+    async_scheduling: bool,
+    *,
+    num_blocks: int = 64,
+    block_size: int = 16,
+    max_num_seqs: int = 16,
+    max_model_len: int = 512,
+    max_num_batched_tokens: int | None = None,
+    enable_prefix_caching: bool = True,
+    hooks: dict | SpecialKwargs | None = None,
+    stock: bool = False,
+    log_stats: bool = False,
+):
+    """Build ``SeqHooksScheduler`` (or, with ``stock=True``, vLLM's own
+    ``Scheduler`` / ``AsyncScheduler`` on the same config).
+
+    ``hooks``: a dict of :class:`SpecialKwargs` overrides on top of
+    :func:`default_hooks`, or a SpecialKwargs."""
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    if stock:
+        spec = None
+    elif isinstance(hooks, SpecialKwargs):
+        spec = hooks
+    else:
+        spec = default_hooks(**(hooks or {}))
+    vllm_config = make_vllm_config(
+        async_scheduling,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=enable_prefix_caching,
+        hooks=spec,
+    )
+    kv_cache_config = make_kv_cache_config(num_blocks, block_size)
+    kwargs = dict(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=block_size,
+        log_stats=log_stats,
+    )
+    if stock:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        cls = AsyncScheduler if async_scheduling else Scheduler
+        return cls(**kwargs)
+    from vllm_seqhooks.scheduler import SeqHooksScheduler
+
+    return SeqHooksScheduler(**kwargs)
+
+
+def make_request(
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    *,
+    block_size: int,
+    max_tokens: int = 16,
+    min_tokens: int = 0,
+    extra_args: dict | None = None,
+    seed: int | None = None,
+    stop_token_ids: list[int] | None = None,
+    client_index: int = 0,
+    arrival_time: float | None = None,
+):
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    sp = SamplingParams(
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        temperature=0.0,
+        seed=seed,
+        extra_args=extra_args,
+        stop_token_ids=stop_token_ids,
+    )
+    # What the frontend does with the model's generation config.
+    sp.update_from_generation_config({}, eos_token_id=EOS_ID)
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=list(prompt_token_ids),
+        sampling_params=sp,
+        pooling_params=None,
+        client_index=client_index,
+        arrival_time=arrival_time,
+        block_hasher=block_hasher(block_size),
+    )
+
+
+def child_id(parent_id: str, index: int) -> str:
+    return f"{parent_id}@seqhooks-child{index}"
+
+
+def filler(request_id: str, index: int) -> int:
+    """Deterministic non-hook token for a request past its script."""
+    h = sum(ord(c) for c in request_id)
+    return FILLER_BASE + (h + 7 * index) % FILLER_SPAN
+
+
+@dataclass
+class StepRecord:
+    """One ``update_from_output`` (or one schedule, for ``scheduled``)."""
+
+    step: int
+    scheduled: dict[str, int] = field(default_factory=dict)
+    outputs: list[Any] = field(default_factory=list)
+
+
+class StallError(AssertionError):
+    pass
+
+
+class SchedHarness:
+    """EngineCore + worker stand-in around one scheduler.
+
+    ``scripts[request_id]`` is the list of tokens a request samples, in
+    order (children included, by their ``<parent>@seqhooks-child<i>`` id);
+    past its end the request samples :func:`filler` tokens.
+    """
+
+    def __init__(
+        self,
+        async_scheduling: bool,
+        *,
+        scheduler=None,
+        scripts: dict[str, Sequence[int]] | None = None,
+        **scheduler_kwargs: Any,
+    ) -> None:
+        self.async_scheduling = async_scheduling
+        self.block_size = scheduler_kwargs.get("block_size", 16)
+        self.sched = scheduler or make_scheduler(async_scheduling, **scheduler_kwargs)
+        self.block_size = self.sched.block_size
+        self.scripts: dict[str, list[int]] = {
+            k: list(v) for k, v in (scripts or {}).items()
+        }
+        self.batch_queue: deque = deque()
+        self.batch_queue_size = 2 if async_scheduling else 1
+        self.num_steps = 0
+        #: One entry per schedule() call: request id -> tokens scheduled.
+        self.schedules: list[dict[str, int]] = []
+        #: One entry per schedule() call: request id -> num_computed_tokens
+        #: *before* that schedule (for scheduled requests).
+        self.computed_before: list[dict[str, int]] = []
+        #: One entry per update_from_output: the EngineCoreOutput list.
+        self.output_log: list[list[Any]] = []
+        self.tokens: dict[str, list[int]] = {}
+        self.finish_reasons: dict[str, Any] = {}
+        self.final_outputs: dict[str, Any] = {}
+        #: request ids seen in outputs after they had finished (a bug).
+        self.outputs_after_finish: list[tuple[str, Any]] = []
+        #: Callbacks run after each schedule(): fn(harness, scheduler_output).
+        self.after_schedule: list[Callable[[SchedHarness, Any], None]] = []
+        #: Callbacks run after each update_from_output: fn(harness, outputs).
+        self.after_update: list[Callable[[SchedHarness, list[Any]], None]] = []
+
+    # ------------------------------------------------------------ requests
+    def add(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        *,
+        script: Sequence[int] | None = None,
+        max_tokens: int = 16,
+        **kwargs: Any,
+    ):
+        if script is not None:
+            self.scripts[request_id] = list(script)
+        req = make_request(
+            request_id, prompt, block_size=self.block_size, max_tokens=max_tokens, **kwargs
+        )
+        self.sched.add_request(req)
+        return req
+
+    def abort(self, request_ids: Iterable[str] | str):
+        from vllm.v1.request import RequestStatus
+
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        return self.sched.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+
+    # -------------------------------------------------------------- worker
+    def token_for(self, request_id: str, index: int) -> int:
+        script = self.scripts.get(request_id)
+        if script is not None and 0 <= index < len(script):
+            return script[index]
+        return filler(request_id, index)
+
+    def execute(self, scheduler_output):
+        """The worker: one sampled token per request that finished its
+        prefill in this step (none for a non-final prefill chunk)."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        req_ids = list(scheduler_output.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        for rid in req_ids:
+            req = self.sched.requests[rid]
+            if req.is_prefill_chunk:
+                sampled.append([])
+                continue
+            extra = req.sampling_params.extra_args or {}
+            index = int(extra.get(SAMPLED_BEFORE_ARG, 0)) + (
+                req.num_computed_tokens - req.num_prompt_tokens
+            )
+            sampled.append([self.token_for(rid, index)])
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            logprobs=None,
+            prompt_logprobs_dict={},
+            pooler_output=[],
+        )
+
+    # -------------------------------------------------------------- engine
+    def has_work(self) -> bool:
+        return self.sched.has_requests() or bool(self.batch_queue)
+
+    def _schedule(self):
+        before = {
+            rid: req.num_computed_tokens for rid, req in self.sched.requests.items()
+        }
+        out = self.sched.schedule()
+        self.schedules.append(dict(out.num_scheduled_tokens))
+        self.computed_before.append(
+            {rid: before.get(rid, 0) for rid in out.num_scheduled_tokens}
+        )
+        for cb in self.after_schedule:
+            cb(self, out)
+        return out
+
+    def _update(self, scheduler_output, model_runner_output) -> list[Any]:
+        outs = self.sched.update_from_output(scheduler_output, model_runner_output)
+        flat: list[Any] = []
+        for eco in outs.values():
+            flat.extend(eco.outputs)
+        for o in flat:
+            rid = o.request_id
+            if rid in self.finish_reasons:
+                self.outputs_after_finish.append((rid, o))
+            self.tokens.setdefault(rid, []).extend(o.new_token_ids)
+            if o.finish_reason is not None:
+                self.finish_reasons[rid] = o.finish_reason
+                self.final_outputs[rid] = o
+        self.output_log.append(flat)
+        for cb in self.after_update:
+            cb(self, flat)
+        return flat
+
+    def step(self) -> list[Any] | None:
+        """One EngineCore step; returns the outputs processed (None when the
+        step only scheduled, as ``step_with_batch_queue`` does)."""
+        self.num_steps += 1
+        if not self.async_scheduling:
+            if not self.sched.has_requests():
+                return None
+            out = self._schedule()
+            mro = self.execute(out)
+            return self._update(out, mro)
+        # EngineCore.step_with_batch_queue with a queue of 2.
+        queue = self.batch_queue
+        if self.sched.has_requests():
+            out = self._schedule()
+            mro = self.execute(out)
+            model_executed = out.total_num_scheduled_tokens > 0
+            queue.appendleft((out, mro))
+            if len(queue) < self.batch_queue_size and (
+                model_executed or self.sched.has_requests()
+            ):
+                return None
+        elif not queue:
+            return None
+        out, mro = queue.pop()
+        return self._update(out, mro)
+
+    def run(self, max_steps: int = 200, until: Callable[[], bool] | None = None) -> int:
+        """Step until the engine has no work (or ``until()`` holds); raise
+        StallError past ``max_steps``. Returns the number of steps taken."""
+        n = 0
+        while self.has_work():
+            if until is not None and until():
+                return n
+            if n >= max_steps:
+                raise StallError(
+                    f"no progress after {max_steps} steps: "
+                    f"{len(self.sched.requests)} requests left, "
+                    f"running={[r.request_id for r in self.sched.running]}, "
+                    f"waiting={[(r.request_id, r.status.name) for r in self.sched.waiting]}, "
+                    f"kv_holding={[(r.request_id, r.status.name) for r in self.sched.kv_holding_waiting]}"
+                )
+            self.step()
+            n += 1
+        return n
+
+    def run_until(self, cond: Callable[[], bool], max_steps: int = 100) -> int:
+        n = 0
+        while not cond():
+            if n >= max_steps:
+                raise StallError(f"condition not reached within {max_steps} steps")
+            if not self.has_work():
+                raise StallError("engine idle before the condition was reached")
+            self.step()
+            n += 1
+        return n
+
+    def drain(self) -> None:
+        """Process what is left in the batch queue (async), without
+        scheduling more."""
+        while self.batch_queue:
+            out, mro = self.batch_queue.pop()
+            self._update(out, mro)
+
+    # ------------------------------------------------------------- queries
+    def trace(self, request_id: str) -> dict | None:
+        out = self.final_outputs.get(request_id)
+        if out is None:
+            return None
+        params = out.kv_transfer_params or {}
+        return params.get(TRACE_KEY)
+
+    def outputs_for(self, request_id: str) -> list[Any]:
+        return [o for step in self.output_log for o in step if o.request_id == request_id]
+
+    def all_output_ids(self) -> set[str]:
+        return {o.request_id for step in self.output_log for o in step}
+
+    def scheduled_counts(self, request_id: str) -> list[int]:
+        return [s[request_id] for s in self.schedules if request_id in s]
+
+    def free_blocks(self) -> int:
+        return self.sched.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def blocks_of(self, request_id: str) -> list[int]:
+        blocks = self.sched.kv_cache_manager.get_blocks(request_id)
+        return [b for group in blocks.get_block_ids() for b in group]
