@@ -37,3 +37,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 def tiny_llm_kwargs(tiny_model_dir: str) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments for the tiny model (copy before editing)."""
     return dict(model=tiny_model_dir, **TINY_LLM_KWARGS)
+
+
+@pytest.fixture(autouse=True)
+def _live_vllm_envs():
+    """vLLM caches its environment variables once an in-process EngineCore
+    starts (``vllm.envs.enable_envs_cache``); tests switch
+    ``VLLM_ENABLE_V1_MULTIPROCESSING`` between engines, so read them live."""
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None and hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+    yield

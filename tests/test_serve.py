@@ -1,0 +1,170 @@
+"""`vllm serve` with the hook flags, on 127.0.0.1, through the openai client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+VLLM = str(Path(sys.executable).with_name("vllm"))
+SCRIPTED = "vllm_seqhooks.testing.scripted:ScriptedTokensLogitsProcessor"
+COMMON = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "1024",
+          "--block-size", "32", "--kv-cache-memory-bytes", str(64 << 20)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(proc, url, log_path, timeout=240):
+    import requests
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}:\n"
+                                 + Path(log_path).read_text()[-4000:])
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    raise AssertionError("server did not become healthy:\n" + Path(log_path).read_text()[-4000:])
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "server.log"
+    cmd = [VLLM, "serve", tiny_model_dir, "--host", "127.0.0.1", "--port", str(port),
+           *COMMON, "--sync-token", "<sync>", "--promise-token-id", "4",
+           "--promise-end-token", "</promise>", "--logits-processors", SCRIPTED]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url, log_path)
+        yield url, log_path
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server[0] + "/v1", api_key="unused")
+
+
+@pytest.fixture(scope="module")
+def S(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from vllm_seqhooks.testing.scripted import encode_script
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return lambda text: encode_script(tok, text)
+
+
+def xargs(S, script, children):
+    return {
+        "seqhooks_script": S(script),
+        "seqhooks_script_end": "eos",
+        "seqhooks_eos_token_id": 2,
+        "seqhooks_child_scripts": json.dumps({k: S(v) for k, v in children.items()}),
+        "seqhooks_child_script_end": "eos",
+    }
+
+
+SCRIPT = "ab<promise>xy</promise><promise>zw</promise>c<sync>done"
+CHILDREN = {"0": "AAA", "1": "BBBB"}
+EXPECTED = "ab<promise>xy</promise><promise>zw</promise>c<sync>AAA\nBBBBdone"
+
+
+def test_completion_has_merged_text_and_trace(client, tiny_model_dir, S):
+    r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                  temperature=0,
+                                  extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
+    choice = r.choices[0]
+    assert choice.text == EXPECTED
+    assert choice.finish_reason == "stop"
+    trace = r.model_extra["kv_transfer_params"]["seqhooks"]
+    assert [c["output_token_ids"] for c in trace["children"]] == [S("AAA"), S("BBBB")]
+
+
+def test_streamed_chunks_add_up_to_the_final_text(client, tiny_model_dir, S):
+    stream = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                       temperature=0, stream=True,
+                                       extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
+    chunks = [c.choices[0].text for c in stream if c.choices]
+    assert "".join(chunks) == EXPECTED
+    # the merged children arrive in one chunk right after <sync>
+    assert "AAA\nBBBB" in chunks
+
+
+def test_chat_completion(client, tiny_model_dir, S):
+    r = client.chat.completions.create(
+        model=tiny_model_dir, messages=[{"role": "user", "content": "hi"}],
+        max_tokens=40, temperature=0,
+        extra_body={"vllm_xargs": xargs(S, "<promise>q</promise><sync>!", {"0": "Z"})})
+    assert r.choices[0].message.content == "<promise>q</promise><sync>Z!"
+
+
+def test_plain_request_is_untouched(client, tiny_model_dir):
+    r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=8,
+                                  temperature=0)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8
+
+
+def run_cli(*args, timeout=120):
+    return subprocess.run([VLLM, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--sync-token-id", "6", "--promise-token-id", "6"],
+         "--promise-token-id and --sync-token-id must differ"),
+        (["--sync-token-id", "-1", "--promise-token-id", "4"],
+         "argument --sync-token-id: expected an integer >= 0"),
+        (["--sync-token", "<snyc>", "--promise-token-id", "4"],
+         "--sync-token '<snyc>' is not a single token"),
+        (["--sync-token-id", "6", "--promise-token-id", "4000"],
+         "--promise-token-id 4000 is outside the model's vocabulary"),
+        (["--sync-token-id", "6", "--promise-token-id", "4", "--merge-strategy", "zip"],
+         "argument --merge-strategy: invalid choice"),
+    ],
+)
+def test_bad_flag_values_exit_with_a_clear_message(tiny_model_dir, flags, message):
+    r = run_cli("serve", tiny_model_dir, *COMMON, *flags)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_help_lists_the_hook_flags():
+    r = run_cli("serve", "--help=Sequence hooks (vllm-seqhooks)")
+    assert r.returncode == 0, r.stderr[-2000:]
+    for flag in ("--sync-token-id", "--promise-token-id", "--promise-end-token-id",
+                 "--sync-token", "--child-context", "--merge-strategy",
+                 "--max-child-depth", "--max-children-per-request", "--child-max-tokens"):
+        assert flag in r.stdout
