@@ -1,0 +1,77 @@
+"""The vllm.general_plugins entry point: flags on vLLM's parsers, turned into
+the engine configuration; nothing happens without hook flags."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+
+def serve_parser():
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    parser.add_argument("model_tag", nargs="?")
+    return AsyncEngineArgs.add_cli_args(parser)
+
+
+def test_entry_point_is_registered():
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert any(ep.value == "vllm_seqhooks.plugin:register" for ep in eps)
+
+
+def test_register_is_idempotent():
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_seqhooks.plugin import add_hook_arguments, register
+
+    register()
+    first = EngineArgs.add_cli_args
+    register()
+    register()
+    assert EngineArgs.add_cli_args is first
+    parser = serve_parser()
+    add_hook_arguments(parser)  # a second time on the same parser: no clash
+    assert parser._option_string_actions["--sync-token-id"] is not None
+
+
+def test_no_hook_flag_changes_nothing(tiny_model_dir):
+    ns = serve_parser().parse_args([tiny_model_dir, "--max-model-len", "512"])
+    assert ns.scheduler_cls is None
+    assert not (ns.additional_config or {}).get("seqhooks")
+
+
+def test_flags_become_the_python_configuration(tiny_model_dir):
+    from vllm_seqhooks import SpecialKwargs
+    from vllm_seqhooks.llm import SCHEDULER_QUALNAME
+
+    ns = serve_parser().parse_args([
+        tiny_model_dir, "--sync-token", "<sync>", "--promise-token-id", "4",
+        "--promise-end-token", "</promise>", "--child-context", "payload",
+        "--child-prompt-template", "Task: {payload}\n", "--max-child-depth", "2",
+        "--child-max-tokens", "64", "--merge-separator", " | ",
+        "--additional-config", '{"other": 1}',
+    ])
+    assert ns.scheduler_cls == SCHEDULER_QUALNAME
+    assert ns.additional_config["other"] == 1
+    got = SpecialKwargs.from_additional_config(ns.additional_config)
+    assert (got.sync_token_id, got.promise_token_id, got.promise_end_token_id) == (6, 4, 5)
+    assert got.child_context == "payload" and got.max_child_depth == 2
+    assert got.child_max_tokens == 64 and got.merge_separator == " | "
+    assert got.is_resolved and got.child_prompt_prefix_token_ids
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    args = AsyncEngineArgs.from_cli_args(ns)
+    assert args.scheduler_cls == SCHEDULER_QUALNAME
+    assert args.additional_config["seqhooks"] == got.to_dict()
+
+
+def test_conflicting_scheduler_is_an_error(tiny_model_dir, capsys):
+    with pytest.raises(SystemExit) as exc:
+        serve_parser().parse_args([tiny_model_dir, "--sync-token-id", "6",
+                                   "--promise-token-id", "4", "--scheduler-cls",
+                                   "vllm.v1.core.sched.scheduler.Scheduler"])
+    assert exc.value.code == 2
+    assert "--scheduler-cls" in capsys.readouterr().err
