@@ -254,12 +254,43 @@ def test_merge_truncated_at_max_model_len(engines):
 def test_logprobs_with_hooks_are_rejected(engines):
     hooked, _, S = engines
     params = S.params("ab", logprobs=1)
-    with pytest.raises(ValueError, match="logprobs"):
+    from vllm.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match="logprobs"):
         gen(hooked, [PROMPT], params)
     # ... unless hooks are off for that request
     params = S.params("ab", logprobs=1, extra_args={"seqhooks_enabled": False})
     out = gen(hooked, [PROMPT], params)[0]
     assert out.outputs[0].text == "ab"
+
+
+def test_per_request_separator_and_usage_summary(engines):
+    hooked, _, S = engines
+    params = S.params("<promise>a</promise><promise>b</promise><sync>!", {"0": "XY", "1": "Z"},
+                      extra_args={"seqhooks_merge_separator": " + "})
+    out = gen(hooked, [PROMPT], params)[0]
+    assert out.outputs[0].text == "<promise>a</promise><promise>b</promise><sync>XY + Z!"
+    usage = out.hook_trace["usage"]
+    assert usage["merged_tokens"] == len(S("XY + Z"))
+    assert usage["num_children"] == 2
+    assert usage["children_sampled_tokens"] == len(S("XY")) + 1 + len(S("Z")) + 1  # with EOS
+    prompt_len = len(out.prompt_token_ids)
+    assert usage["children_prompt_tokens"] == (prompt_len + 3) + (prompt_len + 6)
+    # the parent's own sampled tokens = its output minus the merged tokens
+    sampled = len(out.outputs[0].token_ids) - usage["merged_tokens"]
+    assert sampled == len(S("<promise>a</promise><promise>b</promise><sync>!")) + 1
+
+
+def test_invalid_per_request_settings_are_rejected(engines):
+    from vllm.exceptions import VLLMValidationError
+
+    hooked, _, S = engines
+    with pytest.raises(VLLMValidationError, match="seqhooks_child_max_tokens"):
+        gen(hooked, [PROMPT], S.params("ab", extra_args={"seqhooks_child_max_tokens": 0}))
+    with pytest.raises(VLLMValidationError, match="seqhooks_enabled"):
+        gen(hooked, [PROMPT], S.params("ab", extra_args={"seqhooks_enabled": "perhaps"}))
+    # the engine keeps serving
+    assert gen(hooked, [PROMPT], S.params("ok"))[0].outputs[0].text == "ok"
 
 
 def test_hooks_off_for_one_request(engines):

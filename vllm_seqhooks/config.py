@@ -354,8 +354,9 @@ def merged_tokens(
 #: Per-request settings, read from ``SamplingParams.extra_args`` (over HTTP:
 #: the ``vllm_xargs`` field, whose values must be flat). Key -> minimum value
 #: (None for booleans).
-REQUEST_OVERRIDE_KEYS: dict[str, int | None] = {
+REQUEST_OVERRIDE_KEYS: dict[str, int | str | None] = {
     "seqhooks_enabled": None,
+    "seqhooks_merge_separator": "text",
     "seqhooks_child_max_tokens": 1,
     "seqhooks_max_child_depth": 0,
     "seqhooks_max_children_per_request": 0,
@@ -372,7 +373,10 @@ def parse_request_overrides(extra_args: Mapping[str, Any] | None) -> dict[str, A
         if key not in extra_args:
             continue
         value = extra_args[key]
-        if minimum is None:
+        if minimum == "text":
+            if not isinstance(value, str):
+                raise SpecialKwargsError(f"{key} must be a string, got {value!r}")
+        elif minimum is None:
             if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
                 value = value.lower() in ("true", "1")
             elif isinstance(value, int) and value in (0, 1):

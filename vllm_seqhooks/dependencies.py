@@ -54,6 +54,8 @@ class HookNode:
     #: Prompt tokens found in the prefix cache when the request was admitted.
     cached_prompt_tokens: int | None = None
     output_tokens: list[int] | None = None
+    #: Tokens the request sampled itself (its output minus merged tokens).
+    sampled_tokens: int | None = None
     finish_reason: str | None = None
     children: list[str] = field(default_factory=list)
     #: Children spawned since the last join (in promise order).
@@ -256,6 +258,7 @@ def build_trace(
                 payload_token_ids=list(node.payload),
                 output_token_ids=list(node.output_tokens or ()),
                 num_output_tokens=len(node.output_tokens or ()),
+                sampled_tokens=node.sampled_tokens,
                 prompt_tokens=node.prompt_tokens,
                 cached_prompt_tokens=node.cached_prompt_tokens,
                 spawn_time=node.spawn_time,
@@ -281,4 +284,13 @@ def build_trace(
         out["children"] = [one(by_id[c]) for c in node.children if c in by_id]
         return out
 
-    return one(nodes[0])
+    root = one(nodes[0])
+    descendants = nodes[1:]
+    root["usage"] = {
+        "merged_tokens": sum(j.merged_tokens for j in nodes[0].joins),
+        "num_children": len(descendants),
+        "children_prompt_tokens": sum(n.prompt_tokens for n in descendants),
+        "children_cached_prompt_tokens": sum(n.cached_prompt_tokens or 0 for n in descendants),
+        "children_sampled_tokens": sum(n.sampled_tokens or 0 for n in descendants),
+    }
+    return root

@@ -11,17 +11,13 @@ of each request as ``output.hook_trace`` (None when no hook fired).
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any
 
 import vllm
-from vllm import SamplingParams
 
-from vllm_seqhooks.config import (
-    SpecialKwargs,
-    coerce_special_kwargs,
-    parse_request_overrides,
-)
+from vllm_seqhooks.config import SpecialKwargs, coerce_special_kwargs
 from vllm_seqhooks.trace import attach_traces
+from vllm_seqhooks.validation import with_validator
 
 SCHEDULER_QUALNAME = "vllm_seqhooks.scheduler.SeqHooksScheduler"
 
@@ -52,27 +48,11 @@ def engine_kwargs_for_hooks(
         )
     out = dict(engine_kwargs)
     out["scheduler_cls"] = SCHEDULER_QUALNAME
+    out["logits_processors"] = with_validator(engine_kwargs.get("logits_processors"))
     out["additional_config"] = hooks.to_additional_config(
         engine_kwargs.get("additional_config")
     )
     return out
-
-
-def check_sampling_params(params: Any) -> None:
-    """Reject sampling settings that cannot work with hooks."""
-    if params is None:
-        return
-    items = params if isinstance(params, (list, tuple)) else [params]
-    for sp in items:
-        if not isinstance(sp, SamplingParams):
-            continue
-        if sp.logprobs is not None or sp.prompt_logprobs is not None:
-            raise ValueError(
-                "logprobs/prompt_logprobs cannot be combined with sequence "
-                "hooks: merged child tokens are not sampled by the parent and "
-                "have no logprobs (turn hooks off for this request with "
-                "extra_args={'seqhooks_enabled': False})"
-            )
 
 
 class LLM(vllm.LLM):
@@ -95,39 +75,14 @@ class LLM(vllm.LLM):
         super().__init__(model, **kwargs)
         self.special_kwargs = hooks
 
-    def _hooks_enabled_for(self, params: Any) -> bool:
-        if self.special_kwargs is None:
-            return False
-        items = params if isinstance(params, (list, tuple)) else [params]
-        for sp in items:
-            if isinstance(sp, SamplingParams):
-                if parse_request_overrides(sp.extra_args).get("enabled", True):
-                    return True
-            elif sp is None:
-                return True
-        return False
-
     def generate(self, prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any):
-        if self._hooks_enabled_for(sampling_params):
-            check_sampling_params(_enabled_only(sampling_params))
         outputs = super().generate(prompts, sampling_params, *args, **kwargs)
         if self.special_kwargs is not None:
             attach_traces(outputs, self.get_tokenizer())
         return outputs
 
     def chat(self, messages: Any, sampling_params: Any = None, *args: Any, **kwargs: Any):
-        if self._hooks_enabled_for(sampling_params):
-            check_sampling_params(_enabled_only(sampling_params))
         outputs = super().chat(messages, sampling_params, *args, **kwargs)
         if self.special_kwargs is not None:
             attach_traces(outputs, self.get_tokenizer())
         return outputs
-
-
-def _enabled_only(params: Any) -> Sequence[Any]:
-    items = params if isinstance(params, (list, tuple)) else [params]
-    return [
-        sp for sp in items
-        if not (isinstance(sp, SamplingParams)
-                and parse_request_overrides(sp.extra_args).get("enabled", True) is False)
-    ]

@@ -97,6 +97,7 @@ class _HookState:
     accounting: JoinRecord | None = None
     first_scheduled: bool = False
     child_max_tokens: int | None = None
+    separator: tuple[int, ...] = ()
 
 
 class SeqHooksMixin:
@@ -129,6 +130,8 @@ class SeqHooksMixin:
         self._ready_joins: list[str] = []
         self._accounting: dict[str, _HookState] = {}
         self._num_parked = 0
+        self._tokenizer = None
+        self._token_cache: dict[str, tuple[int, ...]] = {}
         self.hook_stats: dict[str, int] = {
             "children_spawned": 0,
             "children_finished": 0,
@@ -198,7 +201,25 @@ class SeqHooksMixin:
             orig_max_tokens=request.max_tokens,
             orig_min_tokens=sp.min_tokens,
             child_max_tokens=per_request.get("child_max_tokens", self.hooks.child_max_tokens),
+            separator=(
+                self._tokenize(per_request["merge_separator"])
+                if "merge_separator" in per_request
+                else tuple(self.hooks.merge_separator_token_ids or ())
+            ),
         )
+
+    def _tokenize(self, text: str) -> tuple[int, ...]:
+        """Token ids of ``text`` with the model's tokenizer (cached)."""
+        ids = self._token_cache.get(text)
+        if ids is None:
+            if self._tokenizer is None:
+                from vllm.tokenizers import cached_tokenizer_from_config
+
+                self._tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
+            ids = tuple(self._tokenizer.encode(text, add_special_tokens=False))
+            if len(self._token_cache) < 1024:
+                self._token_cache[text] = ids
+        return ids
 
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
@@ -591,6 +612,9 @@ class SeqHooksMixin:
                ABORTED: "children_aborted"}[state]
         self.hook_stats[key] += 1
         reason = str(finish_reason) if finish_reason is not None else state
+        node = self.deps.get(rid)
+        if node is not None and st is not None:
+            node.sampled_tokens = st.sampled
         parent_id = self.deps.child_ended(rid, state, tokens, reason)
         if parent_id is not None:
             self._ready_joins.append(parent_id)
@@ -619,8 +643,7 @@ class SeqHooksMixin:
         req = st.request
         hooks = self.hooks
         merged, _children = self.deps.take_merge(
-            rid, hooks.merge_separator_token_ids or (),
-            hooks.failed_child_marker_token_ids,
+            rid, st.separator, hooks.failed_child_marker_token_ids,
         )
         if hooks.merge_strategy == "none":
             merged = []
@@ -699,6 +722,9 @@ class SeqHooksMixin:
             self._drop_state(rid, None)
             self.hook_stats["children_finished"] += 1
             reason = str(RequestStatus.get_finished_reason(status))
+            node = self.deps.get(rid)
+            if node is not None:
+                node.sampled_tokens = st.sampled
             parent_id = self.deps.child_ended(rid, FINISHED, contribution, reason)
             if parent_id is not None:
                 self._ready_joins.append(parent_id)
