@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -42,6 +43,8 @@ from vllm_seqhooks.config import (
     SpecialKwargsError,
     parse_request_overrides,
 )
+from vllm_seqhooks.metrics import ENV_DIR as METRICS_ENV_DIR
+from vllm_seqhooks.metrics import HookMetrics
 from vllm_seqhooks.dependencies import (
     ABORTED,
     FAILED,
@@ -96,6 +99,7 @@ class _HookState:
     #: The join whose prefill is being counted, until the parent samples.
     accounting: JoinRecord | None = None
     first_scheduled: bool = False
+    preempted_at_stop: bool = False
     child_max_tokens: int | None = None
     separator: tuple[int, ...] = ()
 
@@ -130,24 +134,19 @@ class SeqHooksMixin:
         self._ready_joins: list[str] = []
         self._accounting: dict[str, _HookState] = {}
         self._num_parked = 0
+        self._requeue_after_step: list[Request] = []
+        #: Children that ended in this step (their outputs are still filtered).
+        self._ended_children: set[str] = set()
         self._tokenizer = None
         self._token_cache: dict[str, tuple[int, ...]] = {}
-        self.hook_stats: dict[str, int] = {
-            "children_spawned": 0,
-            "children_finished": 0,
-            "children_failed": 0,
-            "children_aborted": 0,
-            "joins": 0,
-            "merged_tokens": 0,
-            "join_prefill_tokens": 0,
-            "join_reused_tokens": 0,
-            "fork_prompt_tokens": 0,
-            "fork_cached_tokens": 0,
-            "spills": 0,
-            "preemptions": 0,
-            "promises_ignored": 0,
-            "truncated_merges": 0,
-        }
+        model_name = vllm_config.model_config.served_model_name
+        if isinstance(model_name, (list, tuple)):
+            model_name = model_name[0]
+        self.metrics = HookMetrics(
+            engine=str(vllm_config.parallel_config.data_parallel_index),
+            model_name=str(model_name or vllm_config.model_config.model),
+            directory=os.environ.get(METRICS_ENV_DIR),
+        )
         logger.info(
             "sequence hooks on: sync=%s promise=%s promise_end=%s context=%s "
             "merge=%s max_child_depth=%s max_children_per_request=%s",
@@ -163,7 +162,17 @@ class SeqHooksMixin:
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
         super().add_request(request)
+        try:
+            self._init_hook_state(request)
+        except Exception:  # never fail a request the engine already queued
+            logger.exception("%s: sequence hooks off for this request", request.request_id)
+
+    def _init_hook_state(self, request: Request) -> None:
         if request.request_id in self._hook_states or request.pooling_params:
+            return
+        if request.resumable:
+            # vLLM's own streaming-input sessions park and resume through the
+            # same path; hooks are not combined with them.
             return
         sp = request.sampling_params
         if sp is None:
@@ -201,21 +210,25 @@ class SeqHooksMixin:
             orig_max_tokens=request.max_tokens,
             orig_min_tokens=sp.min_tokens,
             child_max_tokens=per_request.get("child_max_tokens", self.hooks.child_max_tokens),
-            separator=(
-                self._tokenize(per_request["merge_separator"])
-                if "merge_separator" in per_request
-                else tuple(self.hooks.merge_separator_token_ids or ())
-            ),
+            separator=self._separator(per_request.get("merge_separator")),
         )
 
-    def _tokenize(self, text: str) -> tuple[int, ...]:
-        """Token ids of ``text`` with the model's tokenizer (cached)."""
+    def _separator(self, text: str | None) -> tuple[int, ...]:
+        """Token ids of a per-request merge separator (cached), or the
+        server's when there is none or no tokenizer to encode it with."""
+        default = tuple(self.hooks.merge_separator_token_ids or ())
+        if text is None or text == self.hooks.merge_separator:
+            return default
         ids = self._token_cache.get(text)
         if ids is None:
-            if self._tokenizer is None:
+            if self._tokenizer is None and not self.vllm_config.model_config.skip_tokenizer_init:
                 from vllm.tokenizers import cached_tokenizer_from_config
 
                 self._tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
+            if self._tokenizer is None:
+                logger.warning("seqhooks_merge_separator needs a tokenizer "
+                               "(skip_tokenizer_init is set); using the server's")
+                return default
             ids = tuple(self._tokenizer.encode(text, add_special_tokens=False))
             if len(self._token_cache) < 1024:
                 self._token_cache[text] = ids
@@ -253,6 +266,7 @@ class SeqHooksMixin:
         if self._ready_joins:
             gone = {req.request_id for req in finished}
             self._ready_joins = [r for r in self._ready_joins if r not in gone]
+        self._publish_metrics()
         return finished
 
     # ------------------------------------------------------------ sampling
@@ -260,12 +274,14 @@ class SeqHooksMixin:
         self, request: Request, new_token_ids: list[int], is_stale: bool = False
     ) -> tuple[list[int], bool]:
         start = request.num_tokens
+        was_preempted = request.status == RequestStatus.PREEMPTED
         new_token_ids, stopped = super()._update_request_with_output(
             request, new_token_ids, is_stale
         )
         st = self._hook_states.get(request.request_id)
         if st is None or not new_token_ids:
             return new_token_ids, stopped
+        st.preempted_at_stop = was_preempted
         st.sampled += len(new_token_ids)
         if st.accounting is not None:
             self._accounting.pop(request.request_id, None)
@@ -325,6 +341,13 @@ class SeqHooksMixin:
         else:
             request.status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = None
+        if st.preempted_at_stop:
+            # vLLM preempted the request while this step was in flight: its
+            # blocks are gone (num_computed_tokens == 0) and vLLM takes it out
+            # of every queue after this step. Park it as spilled: it resumes
+            # through the prefix cache, and is queued again after the step.
+            st.spilled_frontier = request.num_tokens - (0 if stopped_by_finish else 1)
+            self._requeue_after_step.append(request)
         st.parked = True
         self._num_parked += 1
         # The worker drops its state for the parked request (freeing its
@@ -344,7 +367,7 @@ class SeqHooksMixin:
     def _free_request(self, request: Request, *args: Any, **kwargs: Any):
         # A child's state lives until its parent has taken its output
         # (_child_ended); any other request's goes with the request.
-        if CHILD_ID_MARKER not in request.request_id:
+        if request.request_id not in self._children:
             self._drop_state(request.request_id)
         return super()._free_request(request, *args, **kwargs)
 
@@ -352,11 +375,11 @@ class SeqHooksMixin:
         if request.request_id not in self._park_pending:
             return super()._handle_stopped_request(request)
         self._park_pending.discard(request.request_id)
-        request.resumable = True
+        was_resumable, request.resumable = request.resumable, True
         try:
             finished = super()._handle_stopped_request(request)
         finally:
-            request.resumable = False
+            request.resumable = was_resumable
         assert not finished
         return False
 
@@ -364,7 +387,7 @@ class SeqHooksMixin:
     def _ignore_promise(self, st: _HookState, pos: int, reason: str) -> None:
         node = self.deps.ensure_root(st.request.request_id)
         node.ignored_promises.append({"position": pos, "reason": reason})
-        self.hook_stats["promises_ignored"] += 1
+        self.metrics.inc("promises_ignored", 1)
         logger.debug("%s: promise at %d ignored (%s)", st.request.request_id, pos, reason)
 
     def _spawn(self, st: _HookState, ev: PayloadClosed) -> None:
@@ -393,6 +416,8 @@ class SeqHooksMixin:
         budget = min(int(budget), room)
         self.deps.ensure_root(parent.request_id)
         child_id = self.deps.new_child_id(parent.request_id)
+        while child_id in self.requests:  # a client request already has that id
+            child_id += "~"
         child_node = self.deps.add_child(parent.request_id, child_id, payload, len(prompt))
         sp = parent.sampling_params.clone()
         sp.n = 1
@@ -418,8 +443,8 @@ class SeqHooksMixin:
         )
         self._children[child_id] = child
         self.add_request(child)
-        self.hook_stats["children_spawned"] += 1
-        self.hook_stats["fork_prompt_tokens"] += len(prompt)
+        self.metrics.inc("children_spawned", 1)
+        self.metrics.inc("fork_prompt_tokens", len(prompt))
         logger.debug(
             "%s spawned %s (key %s, %d prompt tokens, budget %d)",
             parent.request_id, child_id, child_node.key, len(prompt), budget,
@@ -458,9 +483,9 @@ class SeqHooksMixin:
             if rec.prefilled_tokens is None:
                 rec.prefilled_tokens = 0
                 rec.reused_tokens = st.request.num_computed_tokens - n
-                self.hook_stats["join_reused_tokens"] += rec.reused_tokens
+                self.metrics.inc("join_reused_tokens", rec.reused_tokens)
             rec.prefilled_tokens += n
-            self.hook_stats["join_prefill_tokens"] += n
+            self.metrics.inc("join_prefill_tokens", n)
             if not st.request.is_prefill_chunk:
                 self._accounting.pop(rid, None)
         for rid, child in self._children.items():
@@ -475,10 +500,10 @@ class SeqHooksMixin:
             node = self.deps.get(rid)
             if node is not None:
                 node.cached_prompt_tokens = cached
-            self.hook_stats["fork_cached_tokens"] += cached
+            self.metrics.inc("fork_cached_tokens", cached)
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any):
-        self.hook_stats["preemptions"] += 1
+        self.metrics.inc("preemptions", 1)
         return super()._preempt_request(request, *args, **kwargs)
 
     # ---------------------------------------------------------------- spill
@@ -496,6 +521,7 @@ class SeqHooksMixin:
             st for st in self._hook_states.values()
             if st.parked and st.spilled_frontier is None
             and st.request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+            and st.request.num_computed_tokens > 0
         ]
         if not holders:
             return
@@ -531,7 +557,7 @@ class SeqHooksMixin:
         st.spilled_frontier = req.num_computed_tokens
         req.num_computed_tokens = 0
         self.waiting.add_request(req)
-        self.hook_stats["spills"] += 1
+        self.metrics.inc("spills", 1)
         logger.info(
             "spilled parked request %s (%d computed tokens) to let its "
             "children run", req.request_id, st.spilled_frontier,
@@ -540,6 +566,12 @@ class SeqHooksMixin:
     # --------------------------------------------------------------- output
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self._requeue_after_step:
+            for req in self._requeue_after_step:
+                if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                    self.waiting.add_request(req)
+                    self.deferred_waiting.add(req)
+            self._requeue_after_step = []
         if not (self._children or self._parked_this_step or self._pending_outputs
                 or self._ready_joins or self.deps.nodes):
             return outputs
@@ -549,9 +581,9 @@ class SeqHooksMixin:
             kept: list[EngineCoreOutput] = []
             for out in eco.outputs:
                 rid = out.request_id
-                if CHILD_ID_MARKER in rid:
+                child = self._children.get(rid)
+                if child is not None or rid in self._ended_children:
                     # Children's outputs never leave EngineCore.
-                    child = self._children.get(rid)
                     if (child is not None and out.finish_reason is not None
                             and rid not in parked_now):
                         state = FINISHED if out.finish_reason in (
@@ -574,7 +606,8 @@ class SeqHooksMixin:
             eco.outputs = kept
             if eco.finished_requests:
                 eco.finished_requests = {
-                    r for r in eco.finished_requests if CHILD_ID_MARKER not in r
+                    r for r in eco.finished_requests
+                    if r not in self._children and r not in self._ended_children
                 }
         # Joins (may cascade: a child finishing after its own join).
         while self._ready_joins:
@@ -596,6 +629,8 @@ class SeqHooksMixin:
             if not merged:
                 eco.outputs.append(out)
         self._pending_outputs = []
+        self._ended_children.clear()
+        self._publish_metrics()
         return outputs
 
     def _child_ended(self, child: Request, state: str, finish_reason) -> None:
@@ -603,14 +638,13 @@ class SeqHooksMixin:
         if rid not in self._children:
             return
         del self._children[rid]
+        self._ended_children.add(rid)
         st = self._drop_state(rid, None)
         self._accounting.pop(rid, None)
         tokens: list[int] = []
         if state == FINISHED and st is not None:
             tokens = self._contribution(st)
-        key = {FINISHED: "children_finished", FAILED: "children_failed",
-               ABORTED: "children_aborted"}[state]
-        self.hook_stats[key] += 1
+        self.metrics.child_ended(state)
         reason = str(finish_reason) if finish_reason is not None else state
         node = self.deps.get(rid)
         if node is not None and st is not None:
@@ -642,6 +676,9 @@ class SeqHooksMixin:
             return
         req = st.request
         hooks = self.hooks
+        node = self.deps.get(rid)
+        if node is not None and node.blocked_since is not None:
+            self.metrics.observe_park(time.time() - node.blocked_since)
         merged, _children = self.deps.take_merge(
             rid, st.separator, hooks.failed_child_marker_token_ids,
         )
@@ -650,16 +687,16 @@ class SeqHooksMixin:
         node = self.deps.get(rid)
         record = node.joins[-1]
         self._unpark(st)
-        self.hook_stats["joins"] += 1
+        self.metrics.inc("joins", 1)
         # Room left under max_model_len (rule 7).
         room = self.max_model_len - req.num_tokens
         truncated = len(merged) > room
         if truncated:
             merged = merged[: max(room, 0)]
             record.truncated = True
-            self.hook_stats["truncated_merges"] += 1
+            self.metrics.inc("truncated_merges", 1)
         record.merged_tokens = len(merged)
-        self.hook_stats["merged_tokens"] += len(merged)
+        self.metrics.inc("merged_tokens", len(merged))
         remaining = st.orig_max_tokens - st.sampled
         finish_status = st.final_status
         if finish_status is None and (truncated or len(merged) >= room or remaining <= 0):
@@ -697,7 +734,7 @@ class SeqHooksMixin:
         req.stop_reason = None
         st.accounting = record
         self._accounting[rid] = st
-        if merged:
+        if merged and rid not in self._children:
             self._pending_outputs.append(
                 (req.client_index, EngineCoreOutput(request_id=rid, new_token_ids=list(merged)))
             )
@@ -719,8 +756,9 @@ class SeqHooksMixin:
         super().finish_requests([rid], status)
         if is_child:
             del self._children[rid]
+            self._ended_children.add(rid)
             self._drop_state(rid, None)
-            self.hook_stats["children_finished"] += 1
+            self.metrics.child_ended(FINISHED)
             reason = str(RequestStatus.get_finished_reason(status))
             node = self.deps.get(rid)
             if node is not None:
@@ -780,6 +818,22 @@ class SeqHooksMixin:
         # outside) is delivered by the next step: keep the engine stepping.
         pending = len(self._ready_joins) + len(self._pending_outputs)
         return super().get_num_unfinished_requests() + pending
+
+    def _publish_metrics(self) -> None:
+        self.metrics.set_gauges(open_children=len(self._children),
+                                parked_requests=self._num_parked)
+        self.metrics.maybe_write(force=not self.requests)
+
+    def shutdown(self) -> None:
+        self.metrics.remove()
+        super().shutdown()
+
+    @property
+    def hook_stats(self) -> dict[str, int]:
+        """Counters since start (a copy): see vllm_seqhooks.metrics.COUNTERS."""
+        out = dict(self.metrics.counters)
+        out.update({f"children_{k}": v for k, v in self.metrics.ended.items()})
+        return out
 
     # ------------------------------------------------------------- queries
     def hook_state_sizes(self) -> dict[str, int]:

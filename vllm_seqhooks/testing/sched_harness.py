@@ -35,7 +35,6 @@ import json
 import os
 import tempfile
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from vllm_seqhooks.config import SpecialKwargs
@@ -117,9 +116,9 @@ def make_vllm_config(
     max_num_batched_tokens: int | None = None,
     enable_prefix_caching: bool = True,
     hooks: SpecialKwargs | dict | None = None,
+    policy: str = "fcfs",
 ):
     """A VllmConfig built offline; ``hooks`` None means no seqhooks config."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     if max_num_batched_tokens is None:
@@ -138,6 +137,7 @@ def make_vllm_config(
         max_num_batched_tokens=max_num_batched_tokens,
         enable_chunked_prefill=True,
         async_scheduling=async_scheduling,
+        policy=policy,
     )
     cache_config = CacheConfig(
         block_size=block_size, enable_prefix_caching=enable_prefix_caching
@@ -208,6 +208,8 @@ def make_scheduler(
     hooks: dict | SpecialKwargs | None = None,
     stock: bool = False,
     log_stats: bool = False,
+    policy: str = "fcfs",
+    include_finished_set: bool = False,
 ):
     """Build ``SeqHooksScheduler`` (or, with ``stock=True``, vLLM's own
     ``Scheduler`` / ``AsyncScheduler`` on the same config).
@@ -231,6 +233,7 @@ def make_scheduler(
         max_num_batched_tokens=max_num_batched_tokens,
         enable_prefix_caching=enable_prefix_caching,
         hooks=spec,
+        policy=policy,
     )
     kv_cache_config = make_kv_cache_config(num_blocks, block_size)
     kwargs = dict(
@@ -239,6 +242,7 @@ def make_scheduler(
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=block_size,
         log_stats=log_stats,
+        include_finished_set=include_finished_set,
     )
     if stock:
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -263,6 +267,8 @@ def make_request(
     stop_token_ids: list[int] | None = None,
     client_index: int = 0,
     arrival_time: float | None = None,
+    resumable: bool = False,
+    priority: int = 0,
 ):
     from vllm import SamplingParams
     from vllm.v1.request import Request
@@ -285,6 +291,8 @@ def make_request(
         client_index=client_index,
         arrival_time=arrival_time,
         block_hasher=block_hasher(block_size),
+        resumable=resumable,
+        priority=priority,
     )
 
 
@@ -298,17 +306,66 @@ def filler(request_id: str, index: int) -> int:
     return FILLER_BASE + (h + 7 * index) % FILLER_SPAN
 
 
-@dataclass
-class StepRecord:
-    """One ``update_from_output`` (or one schedule, for ``scheduled``)."""
-
-    step: int
-    scheduled: dict[str, int] = field(default_factory=dict)
-    outputs: list[Any] = field(default_factory=list)
-
-
 class StallError(AssertionError):
-    pass
+    """The engine made no progress within the step bound (or went idle)."""
+
+
+class InvariantError(AssertionError):
+    """Scheduler bookkeeping broken (see :func:`check_invariants`)."""
+
+
+def check_invariants(sched) -> None:
+    """Scheduler bookkeeping that must hold between steps.
+
+    * every live request sits in exactly one of ``running``, ``waiting``,
+      ``kv_holding_waiting`` (parked ones included);
+    * ``num_waiting_for_streaming_input`` equals the number of requests with
+      status ``WAITING_FOR_STREAMING_REQ``;
+    * a request's token list starts with its prompt, and it never has more
+      computed tokens than tokens (+ output placeholders).
+    """
+    from vllm.v1.request import RequestStatus
+
+    counts: dict[str, int] = {}
+    for queue in (sched.running, sched.waiting, sched.kv_holding_waiting):
+        for req in queue:
+            counts[req.request_id] = counts.get(req.request_id, 0) + 1
+    problems = []
+    for rid, req in sched.requests.items():
+        if req.is_finished():
+            continue
+        n = counts.get(rid, 0)
+        if n != 1:
+            problems.append(f"{rid} ({req.status.name}) is in {n} scheduler queues")
+        prompt = req.prompt_token_ids or []
+        if list(req.all_token_ids[: len(prompt)]) != list(prompt) or (
+            req.num_prompt_tokens != len(prompt)
+        ):
+            problems.append(
+                f"{rid}: all_token_ids ({req.num_tokens}) does not start with its "
+                f"prompt ({len(prompt)} tokens, num_prompt_tokens="
+                f"{req.num_prompt_tokens})"
+            )
+        if req.num_computed_tokens > req.num_tokens + req.num_output_placeholders:
+            problems.append(
+                f"{rid}: num_computed_tokens {req.num_computed_tokens} > "
+                f"num_tokens {req.num_tokens} + placeholders "
+                f"{req.num_output_placeholders}"
+            )
+    for rid in counts:
+        if rid not in sched.requests:
+            problems.append(f"{rid} is queued but not in scheduler.requests")
+    parked = sum(
+        1 for r in sched.requests.values()
+        if r.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+    )
+    if parked != sched.num_waiting_for_streaming_input:
+        problems.append(
+            f"num_waiting_for_streaming_input={sched.num_waiting_for_streaming_input}"
+            f" but {parked} requests are WAITING_FOR_STREAMING_REQ"
+        )
+    if problems:
+        raise InvariantError("; ".join(problems))
 
 
 class SchedHarness:
@@ -325,15 +382,17 @@ class SchedHarness:
         *,
         scheduler=None,
         scripts: dict[str, Sequence[int]] | None = None,
+        check: bool = True,
         **scheduler_kwargs: Any,
     ) -> None:
         self.async_scheduling = async_scheduling
-        self.block_size = scheduler_kwargs.get("block_size", 16)
         self.sched = scheduler or make_scheduler(async_scheduling, **scheduler_kwargs)
         self.block_size = self.sched.block_size
         self.scripts: dict[str, list[int]] = {
             k: list(v) for k, v in (scripts or {}).items()
         }
+        #: Run :func:`check_invariants` after every schedule and update.
+        self.check = check
         self.batch_queue: deque = deque()
         self.batch_queue_size = 2 if async_scheduling else 1
         self.num_steps = 0
@@ -347,8 +406,17 @@ class SchedHarness:
         self.tokens: dict[str, list[int]] = {}
         self.finish_reasons: dict[str, Any] = {}
         self.final_outputs: dict[str, Any] = {}
+        #: request id -> client indexes its outputs were addressed to.
+        self.output_clients: dict[str, set[int]] = {}
+        #: Union of EngineCoreOutputs.finished_requests (include_finished_set).
+        self.finished_sets: set[str] = set()
+        #: Ids of requests vLLM preempted (from SchedulerOutput.preempted_req_ids).
+        self.preempted: set[str] = set()
         #: request ids seen in outputs after they had finished (a bug).
         self.outputs_after_finish: list[tuple[str, Any]] = []
+        #: Aborts to apply inside the next step, after schedule() and before
+        #: update_from_output (EngineCore._process_aborts_queue).
+        self.pending_aborts: list[str] = []
         #: Callbacks run after each schedule(): fn(harness, scheduler_output).
         self.after_schedule: list[Callable[[SchedHarness, Any], None]] = []
         #: Callbacks run after each update_from_output: fn(harness, outputs).
@@ -373,11 +441,17 @@ class SchedHarness:
         return req
 
     def abort(self, request_ids: Iterable[str] | str):
+        """``EngineCore.abort_requests``: finish_requests(..., ABORTED)."""
         from vllm.v1.request import RequestStatus
 
         if isinstance(request_ids, str):
             request_ids = [request_ids]
-        return self.sched.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+        finished = self.sched.finish_requests(
+            list(request_ids), RequestStatus.FINISHED_ABORTED
+        )
+        if self.check:
+            check_invariants(self.sched)
+        return finished
 
     # -------------------------------------------------------------- worker
     def token_for(self, request_id: str, index: int) -> int:
@@ -422,18 +496,28 @@ class SchedHarness:
         }
         out = self.sched.schedule()
         self.schedules.append(dict(out.num_scheduled_tokens))
+        self.preempted.update(out.preempted_req_ids or ())
         self.computed_before.append(
             {rid: before.get(rid, 0) for rid in out.num_scheduled_tokens}
         )
+        if self.check:
+            check_invariants(self.sched)
         for cb in self.after_schedule:
             cb(self, out)
         return out
 
     def _update(self, scheduler_output, model_runner_output) -> list[Any]:
+        if self.pending_aborts:
+            ids, self.pending_aborts = self.pending_aborts, []
+            self.abort(ids)
         outs = self.sched.update_from_output(scheduler_output, model_runner_output)
         flat: list[Any] = []
-        for eco in outs.values():
+        for client_index, eco in outs.items():
             flat.extend(eco.outputs)
+            if eco.finished_requests:
+                self.finished_sets |= set(eco.finished_requests)
+            for o in eco.outputs:
+                self.output_clients.setdefault(o.request_id, set()).add(client_index)
         for o in flat:
             rid = o.request_id
             if rid in self.finish_reasons:
@@ -443,6 +527,8 @@ class SchedHarness:
                 self.finish_reasons[rid] = o.finish_reason
                 self.final_outputs[rid] = o
         self.output_log.append(flat)
+        if self.check:
+            check_invariants(self.sched)
         for cb in self.after_update:
             cb(self, flat)
         return flat

@@ -1,0 +1,185 @@
+"""Prometheus metrics of the fork/join scheduler.
+
+The scheduler lives in EngineCore's process; vLLM's ``/metrics`` is served by
+the API server process(es). The scheduler keeps its counters, gauges and the
+park-time histogram in a :class:`HookMetrics` and, when the environment
+variable ``VLLM_SEQHOOKS_METRICS_DIR`` names a directory, writes a JSON
+snapshot there (atomically, at most every 0.25 s, and whenever the engine
+runs out of requests). A :class:`SnapshotCollector`, registered in the API
+server's Prometheus registry by the ``vllm serve`` plugin, reads the
+snapshots at scrape time. One file per engine (data-parallel rank), so every
+engine shows up with its own ``engine`` label.
+
+No vLLM import (``prometheus_client`` is imported by the collector only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from bisect import bisect_left
+from pathlib import Path
+from typing import Any, Iterator
+
+ENV_DIR = "VLLM_SEQHOOKS_METRICS_DIR"
+PREFIX = "vllm:seqhooks_"
+PARK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                30.0, 60.0, 120.0, 300.0)
+
+#: counter name -> help text
+COUNTERS = {
+    "children_spawned": "Child requests spawned by <promise> payloads.",
+    "joins": "Joins: a parked parent merged its children and resumed or finished.",
+    "spills": "Parked parents whose KV blocks were freed under memory pressure.",
+    "preemptions": "Requests preempted by vLLM while the hook scheduler ran.",
+    "merged_tokens": "Child output tokens merged into parents.",
+    "join_prefill_tokens": "Tokens prefilled by parents when they resumed after a join.",
+    "join_reused_tokens": "Tokens whose KV cache parents kept across a join.",
+    "fork_prompt_tokens": "Prompt tokens of child requests.",
+    "fork_cached_tokens": "Prompt tokens of child requests served by the prefix cache.",
+    "promises_ignored": "Promises left as plain text (limits, empty payloads).",
+    "truncated_merges": "Merges cut at max_model_len.",
+}
+#: outcome label values of vllm:seqhooks_children_ended_total
+OUTCOMES = ("finished", "failed", "aborted")
+GAUGES = {
+    "open_children": "Child requests running or waiting.",
+    "parked_requests": "Requests parked at <sync> waiting for their children.",
+}
+
+
+class HookMetrics:
+    """Counters, gauges and the park-time histogram of one scheduler."""
+
+    def __init__(self, engine: str, model_name: str, directory: str | None = None) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.counters: dict[str, int] = {name: 0 for name in COUNTERS}
+        self.ended: dict[str, int] = {o: 0 for o in OUTCOMES}
+        self.gauges: dict[str, int] = {name: 0 for name in GAUGES}
+        self.park_buckets = [0] * (len(PARK_BUCKETS) + 1)
+        self.park_sum = 0.0
+        self.park_count = 0
+        self.directory = Path(directory) if directory else None
+        self._path = (
+            self.directory / f"engine-{engine}-{os.getpid()}.json" if self.directory else None
+        )
+        self._last_write = 0.0
+        self._dirty = False
+
+    def inc(self, name: str, value: int = 1) -> None:
+        self.counters[name] += value
+        self._dirty = True
+
+    def child_ended(self, outcome: str) -> None:
+        self.ended[outcome] += 1
+        self._dirty = True
+
+    def observe_park(self, seconds: float) -> None:
+        self.park_buckets[bisect_left(PARK_BUCKETS, seconds)] += 1
+        self.park_sum += seconds
+        self.park_count += 1
+        self._dirty = True
+
+    def set_gauges(self, **values: int) -> None:
+        for k, v in values.items():
+            if self.gauges[k] != v:
+                self.gauges[k] = v
+                self._dirty = True
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "model_name": self.model_name,
+            "counters": dict(self.counters),
+            "ended": dict(self.ended),
+            "gauges": dict(self.gauges),
+            "park_seconds": {
+                "buckets": list(self.park_buckets),
+                "sum": self.park_sum,
+                "count": self.park_count,
+            },
+            "time": time.time(),
+        }
+
+    def maybe_write(self, force: bool = False) -> None:
+        """Write the snapshot if there is a directory and something changed."""
+        if self._path is None or not (self._dirty or force):
+            return
+        now = time.monotonic()
+        if not force and now - self._last_write < 0.25:
+            return
+        tmp = self._path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(self.snapshot()))
+            os.replace(tmp, self._path)
+        except OSError:  # metrics must never break serving
+            return
+        self._last_write = now
+        self._dirty = False
+
+    def remove(self) -> None:
+        if self._path is not None:
+            try:
+                self._path.unlink()
+            except OSError:
+                pass
+
+
+def read_snapshots(directory: str | os.PathLike) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(Path(directory).glob("engine-*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+class SnapshotCollector:
+    """A prometheus_client collector over the engines' snapshot files."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+
+    def describe(self):  # no fixed description: metrics appear at collect()
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        snaps = read_snapshots(self.directory)
+        labels = ["model_name", "engine"]
+        for name, doc in COUNTERS.items():
+            fam = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+            for s in snaps:
+                fam.add_metric([s["model_name"], s["engine"]], s["counters"].get(name, 0))
+            yield fam
+        fam = CounterMetricFamily(PREFIX + "children_ended",
+                                  "Child requests that ended, by outcome.",
+                                  labels=[*labels, "outcome"])
+        for s in snaps:
+            for outcome in OUTCOMES:
+                fam.add_metric([s["model_name"], s["engine"], outcome],
+                               s["ended"].get(outcome, 0))
+        yield fam
+        for name, doc in GAUGES.items():
+            fam = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+            for s in snaps:
+                fam.add_metric([s["model_name"], s["engine"]], s["gauges"].get(name, 0))
+            yield fam
+        fam = HistogramMetricFamily(PREFIX + "park_time_seconds",
+                                    "Time requests spent parked at <sync>.", labels=labels)
+        for s in snaps:
+            h = s["park_seconds"]
+            cumulative, buckets = 0, []
+            for bound, count in zip([*map(str, PARK_BUCKETS), "+Inf"], h["buckets"]):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            fam.add_metric([s["model_name"], s["engine"]], buckets, h["sum"])
+        yield fam
