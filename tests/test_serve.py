@@ -135,6 +135,130 @@ def test_plain_request_is_untouched(client, tiny_model_dir):
     assert r.usage.completion_tokens == 8
 
 
+def scrape(url) -> dict[str, float]:
+    """``/metrics`` as {"name{labels}": value} for the seqhooks and a few
+    vLLM series."""
+    import requests
+
+    text = requests.get(url + "/metrics", timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, _, value = line.rpartition(" ")
+        out[key] = float(value)
+    return out
+
+
+def metric(samples, name):
+    """Sum of a metric over its label sets."""
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+def test_metrics_count_forks_and_joins(server, client, tiny_model_dir, S):
+    url = server[0]
+    before = scrape(url)
+    client.completions.create(model=tiny_model_dir, prompt="m", max_tokens=60, temperature=0,
+                              extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
+    deadline = time.time() + 10
+    while True:
+        after = scrape(url)
+        if metric(after, "vllm:seqhooks_joins_total") > metric(before, "vllm:seqhooks_joins_total"):
+            break
+        assert time.time() < deadline, "metrics did not move"
+        time.sleep(0.3)
+    delta = lambda n: metric(after, n) - metric(before, n)  # noqa: E731
+    assert delta("vllm:seqhooks_children_spawned_total") == 2
+    assert delta("vllm:seqhooks_joins_total") == 1
+    assert delta("vllm:seqhooks_merged_tokens_total") == len(S("AAA\nBBBB"))
+    assert delta("vllm:seqhooks_join_prefill_tokens_total") == len(S("AAA\nBBBB")) + 1
+    assert metric(after, "vllm:seqhooks_park_time_seconds_count") >= 1
+    assert metric(after, "vllm:seqhooks_open_children") == 0
+    assert metric(after, "vllm:seqhooks_parked_requests") == 0
+    ended = {k: v for k, v in after.items() if k.startswith("vllm:seqhooks_children_ended_total")}
+    assert any('outcome="finished"' in k for k in ended)
+
+
+def test_client_disconnect_aborts_the_family(server, tiny_model_dir, S):
+    """A streaming client that goes away mid-stream: the parent and its
+    children are aborted, nothing stays parked or allocated."""
+    import requests
+
+    url = server[0]
+    body = {
+        "model": tiny_model_dir, "prompt": "bye", "max_tokens": 400, "temperature": 0,
+        "stream": True,
+        "vllm_xargs": {
+            "seqhooks_script": S("<promise>a</promise><promise>b</promise><sync>"),
+            "seqhooks_script_end": "free",
+            "seqhooks_child_max_tokens": 350,
+        },
+    }
+    with requests.post(url + "/v1/completions", json=body, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        got = 0
+        for line in lines:
+            if line.startswith(b"data: ") and b"<sync>" in line:
+                break
+            got += 1
+            assert got < 100
+        # wait until the parent is parked with its two children running
+        deadline = time.time() + 30
+        while metric(scrape(url), "vllm:seqhooks_parked_requests") < 1:
+            assert time.time() < deadline, "parent never parked"
+            time.sleep(0.2)
+    # connection closed: vLLM aborts the request; the subtree must go too
+    deadline = time.time() + 30
+    while True:
+        m = scrape(url)
+        if (metric(m, "vllm:seqhooks_parked_requests") == 0
+                and metric(m, "vllm:seqhooks_open_children") == 0
+                and metric(m, "vllm:num_requests_running") == 0
+                and metric(m, "vllm:num_requests_waiting") == 0
+                and metric(m, "vllm:kv_cache_usage_perc") == 0):
+            break
+        assert time.time() < deadline, {k: v for k, v in m.items() if "seqhooks" in k or "num_requests" in k or "kv_cache_usage" in k}
+        time.sleep(0.3)
+    assert metric(m, 'vllm:seqhooks_children_ended_total') >= 2
+
+
+def test_per_request_control_and_bad_values(client, tiny_model_dir, S):
+    import openai
+
+    base = xargs(S, SCRIPT, CHILDREN)
+    off = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                    temperature=0,
+                                    extra_body={"vllm_xargs": {**base, "seqhooks_enabled": False}})
+    assert off.choices[0].text == "ab<promise>xy</promise><promise>zw</promise>c<sync>done"
+    sep = client.completions.create(
+        model=tiny_model_dir, prompt="hello", max_tokens=60, temperature=0,
+        extra_body={"vllm_xargs": {**base, "seqhooks_merge_separator": " | "}})
+    assert sep.choices[0].text == EXPECTED.replace("AAA\nBBBB", "AAA | BBBB")
+    for bad, field in [({"seqhooks_child_max_tokens": 0}, "seqhooks_child_max_tokens"),
+                       ({"seqhooks_max_child_depth": -1}, "seqhooks_max_child_depth"),
+                       ({"seqhooks_enabled": "sometimes"}, "seqhooks_enabled")]:
+        with pytest.raises(openai.BadRequestError, match=field):
+            client.completions.create(model=tiny_model_dir, prompt="x", max_tokens=5,
+                                      extra_body={"vllm_xargs": {**base, **bad}})
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model=tiny_model_dir, prompt="x", max_tokens=5, logprobs=1)
+    # the server keeps serving
+    ok = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                   temperature=0, extra_body={"vllm_xargs": base})
+    assert ok.choices[0].text == EXPECTED
+
+
+def test_usage_counts_merged_tokens_as_completion_tokens(client, tiny_model_dir, S):
+    r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                  temperature=0,
+                                  extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
+    usage = r.model_extra["kv_transfer_params"]["seqhooks"]["usage"]
+    sampled = len(S(SCRIPT)) + 1  # the parent's own tokens, EOS included
+    assert r.usage.completion_tokens == sampled + usage["merged_tokens"]
+    assert usage["children_sampled_tokens"] == len(S("AAA")) + 1 + len(S("BBBB")) + 1
+
+
 def run_cli(*args, timeout=120):
     return subprocess.run([VLLM, *args], capture_output=True, text=True, timeout=timeout)
 

@@ -14,8 +14,13 @@ Without hook flags nothing changes. Bad values end the command with
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
+import os
 import re
+import shutil
+import sys
+import tempfile
 import logging
 from typing import Any
 
@@ -189,14 +194,71 @@ def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
     namespace.additional_config = hooks.to_additional_config(
         getattr(namespace, "additional_config", None)
     )
+    enable_metrics()
     namespace._seqhooks_applied = True
     logger.info("sequence hooks configured: %s", hooks.to_json())
     return hooks
 
 
+_collector_installed = False
+
+
+def enable_metrics() -> None:
+    """Export the scheduler's metrics on the API server's ``/metrics``.
+
+    Names a snapshot directory for the engines (``VLLM_SEQHOOKS_METRICS_DIR``,
+    inherited by the EngineCore processes started after this) and registers
+    a collector over it in this process's Prometheus registry."""
+    from vllm_seqhooks.metrics import ENV_DIR
+
+    if not os.environ.get(ENV_DIR):
+        path = tempfile.mkdtemp(prefix="vllm-seqhooks-metrics-")
+        os.environ[ENV_DIR] = path
+        atexit.register(shutil.rmtree, path, True)
+    install_collector()
+
+
+def install_collector() -> None:
+    """Register the snapshot collector (once per process) in prometheus'
+    default registry, and in the per-scrape registries vLLM builds when it
+    runs several API server processes (prometheus multiprocess mode)."""
+    global _collector_installed
+    from vllm_seqhooks.metrics import ENV_DIR, SnapshotCollector
+
+    directory = os.environ.get(ENV_DIR)
+    if _collector_installed or not directory:
+        return
+    from prometheus_client import REGISTRY
+
+    collector = SnapshotCollector(directory)
+    REGISTRY.register(collector)
+    try:
+        from vllm.entrypoints.serve.instrumentator import metrics as instrumentator
+    except ImportError:  # pragma: no cover - layout of other vLLM versions
+        instrumentator = None
+    if instrumentator is not None and hasattr(instrumentator, "get_prometheus_registry"):
+        original = instrumentator.get_prometheus_registry
+
+        @functools.wraps(original)
+        def get_prometheus_registry():
+            registry = original()
+            if registry is not REGISTRY:
+                registry.register(SnapshotCollector(directory))
+            return registry
+
+        instrumentator.get_prometheus_registry = get_prometheus_registry
+    _collector_installed = True
+
+
 def register() -> None:
     """Entry point (``vllm.general_plugins``). Safe to call many times."""
     from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_seqhooks.metrics import ENV_DIR
+
+    if os.environ.get(ENV_DIR) and "vllm.entrypoints.serve" in sys.modules:
+        # An API server process started by another one (--api-server-count).
+        install_collector()
 
     current = EngineArgs.__dict__["add_cli_args"]
     func = current.__func__ if isinstance(current, staticmethod) else current

@@ -1,0 +1,58 @@
+"""HookMetrics snapshots and the Prometheus collector over them."""
+
+from __future__ import annotations
+
+import json
+
+from vllm_seqhooks.metrics import PARK_BUCKETS, HookMetrics, SnapshotCollector, read_snapshots
+
+
+def test_snapshot_round_trip_and_throttle(tmp_path):
+    m = HookMetrics("0", "tiny", str(tmp_path))
+    m.inc("children_spawned", 3)
+    m.child_ended("aborted")
+    m.observe_park(0.02)
+    m.set_gauges(open_children=2, parked_requests=1)
+    m.maybe_write()
+    (snap,) = read_snapshots(tmp_path)
+    assert snap["counters"]["children_spawned"] == 3
+    assert snap["ended"]["aborted"] == 1
+    assert snap["gauges"] == {"open_children": 2, "parked_requests": 1}
+    m.inc("joins")
+    m.maybe_write()  # within 0.25 s: throttled
+    assert read_snapshots(tmp_path)[0]["counters"]["joins"] == 0
+    m.maybe_write(force=True)
+    assert read_snapshots(tmp_path)[0]["counters"]["joins"] == 1
+    m.remove()
+    assert read_snapshots(tmp_path) == []
+
+
+def test_without_directory_nothing_is_written(tmp_path):
+    m = HookMetrics("0", "tiny", None)
+    m.inc("joins")
+    m.maybe_write(force=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_collector_exposition(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    for engine, spawned in (("0", 2), ("1", 5)):
+        m = HookMetrics(engine, "tiny", str(tmp_path))
+        m.inc("children_spawned", spawned)
+        m.observe_park(0.003)
+        m.observe_park(1000.0)
+        m.maybe_write(force=True)
+    (tmp_path / "engine-9-bad.json").write_text("{not json")  # ignored
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(tmp_path))
+    text = generate_latest(registry).decode()
+    assert 'vllm:seqhooks_children_spawned_total{engine="0",model_name="tiny"} 2.0' in text
+    assert 'vllm:seqhooks_children_spawned_total{engine="1",model_name="tiny"} 5.0' in text
+    assert 'vllm:seqhooks_park_time_seconds_bucket{engine="0",le="0.005",model_name="tiny"} 1.0' in text
+    assert 'vllm:seqhooks_park_time_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 2.0' in text
+    assert 'vllm:seqhooks_children_ended_total{engine="0",model_name="tiny",outcome="failed"} 0.0' in text
+    assert "vllm:seqhooks_parked_requests" in text
+    assert len(PARK_BUCKETS) + 1 == len(json.loads((tmp_path / next(
+        p.name for p in tmp_path.iterdir() if p.name.startswith("engine-0"))).read_text())
+        ["park_seconds"]["buckets"])
