@@ -239,6 +239,8 @@ class SpecialKwargs:
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raise when a hook token id is outside ``[0, vocab_size)``."""
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+            return  # unknown vocabulary size: nothing to check against
         for name in ("sync_token_id", "promise_token_id", "promise_end_token_id"):
             tid = getattr(self, name)
             if tid is not None and tid >= vocab_size:

@@ -10,7 +10,12 @@ server's Prometheus registry by the ``vllm serve`` plugin, reads the
 snapshots at scrape time. One file per engine (data-parallel rank), so every
 engine shows up with its own ``engine`` label.
 
-No vLLM import (``prometheus_client`` is imported by the collector only).
+When vLLM runs several API server processes it switches prometheus_client
+to multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) and builds a fresh
+registry over that directory at each scrape; there the scheduler also updates
+real prometheus_client metrics, which that mode shares across processes.
+
+No vLLM import (``prometheus_client`` is imported lazily).
 """
 
 from __future__ import annotations
@@ -67,26 +72,38 @@ class HookMetrics:
         )
         self._last_write = 0.0
         self._dirty = False
+        self._prom = (
+            _PrometheusMirror(engine, model_name)
+            if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else None
+        )
 
     def inc(self, name: str, value: int = 1) -> None:
         self.counters[name] += value
         self._dirty = True
+        if self._prom is not None:
+            self._prom.counters[name].inc(value)
 
     def child_ended(self, outcome: str) -> None:
         self.ended[outcome] += 1
         self._dirty = True
+        if self._prom is not None:
+            self._prom.ended[outcome].inc()
 
     def observe_park(self, seconds: float) -> None:
         self.park_buckets[bisect_left(PARK_BUCKETS, seconds)] += 1
         self.park_sum += seconds
         self.park_count += 1
         self._dirty = True
+        if self._prom is not None:
+            self._prom.park.observe(seconds)
 
     def set_gauges(self, **values: int) -> None:
         for k, v in values.items():
             if self.gauges[k] != v:
                 self.gauges[k] = v
                 self._dirty = True
+                if self._prom is not None:
+                    self._prom.gauges[k].set(v)
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -125,6 +142,41 @@ class HookMetrics:
                 self._path.unlink()
             except OSError:
                 pass
+
+
+_PROM_METRICS: dict[str, Any] = {}
+
+
+def _prom_metric(cls, name: str, doc: str, labels: list[str], **kwargs: Any):
+    """One prometheus_client metric per name and process."""
+    if name not in _PROM_METRICS:
+        _PROM_METRICS[name] = cls(name, doc, labels, **kwargs)
+    return _PROM_METRICS[name]
+
+
+class _PrometheusMirror:
+    """The same metrics as prometheus_client objects (multiprocess mode)."""
+
+    def __init__(self, engine: str, model_name: str) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        labels = {"model_name": model_name, "engine": engine}
+        names = list(labels)
+        self.counters = {
+            n: _prom_metric(Counter, PREFIX + n, doc, names).labels(**labels)
+            for n, doc in COUNTERS.items()
+        }
+        ended = _prom_metric(Counter, PREFIX + "children_ended",
+                             "Child requests that ended, by outcome.", [*names, "outcome"])
+        self.ended = {o: ended.labels(**labels, outcome=o) for o in OUTCOMES}
+        self.gauges = {
+            n: _prom_metric(Gauge, PREFIX + n, doc, names,
+                            multiprocess_mode="mostrecent").labels(**labels)
+            for n, doc in GAUGES.items()
+        }
+        self.park = _prom_metric(Histogram, PREFIX + "park_time_seconds",
+                                 "Time requests spent parked at <sync>.", names,
+                                 buckets=PARK_BUCKETS).labels(**labels)
 
 
 def read_snapshots(directory: str | os.PathLike) -> list[dict[str, Any]]:

@@ -19,7 +19,6 @@ import functools
 import os
 import re
 import shutil
-import sys
 import tempfile
 import logging
 from typing import Any
@@ -220,8 +219,9 @@ def enable_metrics() -> None:
 
 def install_collector() -> None:
     """Register the snapshot collector (once per process) in prometheus'
-    default registry, and in the per-scrape registries vLLM builds when it
-    runs several API server processes (prometheus multiprocess mode)."""
+    default registry, which vLLM serves on /metrics with one API server
+    process. (With several, vLLM uses prometheus multiprocess mode, and the
+    scheduler updates prometheus_client metrics directly: see metrics.py.)"""
     global _collector_installed
     from vllm_seqhooks.metrics import ENV_DIR, SnapshotCollector
 
@@ -232,21 +232,6 @@ def install_collector() -> None:
 
     collector = SnapshotCollector(directory)
     REGISTRY.register(collector)
-    try:
-        from vllm.entrypoints.serve.instrumentator import metrics as instrumentator
-    except ImportError:  # pragma: no cover - layout of other vLLM versions
-        instrumentator = None
-    if instrumentator is not None and hasattr(instrumentator, "get_prometheus_registry"):
-        original = instrumentator.get_prometheus_registry
-
-        @functools.wraps(original)
-        def get_prometheus_registry():
-            registry = original()
-            if registry is not REGISTRY:
-                registry.register(SnapshotCollector(directory))
-            return registry
-
-        instrumentator.get_prometheus_registry = get_prometheus_registry
     _collector_installed = True
 
 
@@ -254,11 +239,6 @@ def register() -> None:
     """Entry point (``vllm.general_plugins``). Safe to call many times."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_seqhooks.metrics import ENV_DIR
-
-    if os.environ.get(ENV_DIR) and "vllm.entrypoints.serve" in sys.modules:
-        # An API server process started by another one (--api-server-count).
-        install_collector()
 
     current = EngineArgs.__dict__["add_cli_args"]
     func = current.__func__ if isinstance(current, staticmethod) else current

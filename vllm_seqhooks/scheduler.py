@@ -29,7 +29,8 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -106,6 +107,22 @@ class _HookState:
 
 class SeqHooksMixin:
     """Fork/join on top of vLLM's ``Scheduler`` (or ``AsyncScheduler``)."""
+
+    # Empty, read-only defaults: a scheduler built without __init__ (as some
+    # of vLLM's own tests do, with object.__new__) behaves as stock vLLM.
+    # __init__ replaces each with a per-instance object.
+    _hook_states: Mapping[str, _HookState] = MappingProxyType({})
+    _children: Mapping[str, Request] = MappingProxyType({})
+    _accounting: Mapping[str, _HookState] = MappingProxyType({})
+    _park_pending: frozenset[str] = frozenset()
+    _parked_this_step: frozenset[str] = frozenset()
+    _ended_children: frozenset[str] = frozenset()
+    _pending_outputs: tuple = ()
+    _ready_joins: tuple = ()
+    _requeue_after_step: tuple = ()
+    _num_parked = 0
+    deps = DependencyManager()
+    metrics = HookMetrics("-", "-", None)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,0 +1,153 @@
+"""Wiring of the upstream conformance check (tests/upstream/, docs/conformance.md).
+
+Cheap checks, no download and no upstream code: the plugin's substitution
+really puts our schedulers where upstream tests import vLLM's, the hook
+configuration it injects is usable, the driver's comparison fails when the
+hooks run did not use our schedulers, and the sdist lookup reads a simple
+index page.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+UPSTREAM = Path(__file__).resolve().parent / "upstream"
+
+
+def _load(name: str) -> ModuleType:
+    # Loaded by path under a private name: a fresh module (and fresh classes)
+    # per test, nothing registered in sys.modules.
+    spec = importlib.util.spec_from_file_location(f"_wiring_{name}", UPSTREAM / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_substitution_puts_hook_schedulers_where_upstream_imports_vllms():
+    plugin = _load("seqhooks_conformance_plugin")
+    import vllm.v1.core.sched.async_scheduler as async_mod
+    import vllm.v1.core.sched.scheduler as sched_mod
+    from vllm_seqhooks.scheduler import (
+        SeqHooksAsyncScheduler,
+        SeqHooksMixin,
+        SeqHooksSyncScheduler,
+    )
+
+    stock_sync, stock_async = sched_mod.Scheduler, async_mod.AsyncScheduler
+    undo = plugin.install_substitution()
+    try:
+        assert undo.stock == (stock_sync, stock_async)
+        # What `from vllm.v1.core.sched.scheduler import Scheduler` gives a
+        # test module imported after the patch:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        assert Scheduler is not stock_sync and AsyncScheduler is not stock_async
+        assert issubclass(Scheduler, SeqHooksSyncScheduler)
+        assert issubclass(Scheduler, stock_sync)
+        assert not issubclass(Scheduler, stock_async)
+        assert issubclass(AsyncScheduler, SeqHooksAsyncScheduler)
+        assert issubclass(AsyncScheduler, stock_async)
+        assert plugin._is_hook_scheduler(Scheduler)
+        assert not plugin._is_hook_scheduler(stock_sync)
+        # vLLM's own subclasses keep their stock bases.
+        from vllm.v1.core.sched.diffusion_scheduler import DiffusionScheduler
+
+        assert not issubclass(DiffusionScheduler, SeqHooksMixin)
+        with pytest.raises(RuntimeError, match="twice"):
+            plugin.install_substitution()
+    finally:
+        undo()
+    assert sched_mod.Scheduler is stock_sync
+    assert async_mod.AsyncScheduler is stock_async
+
+
+def test_injected_hook_config_is_resolved_and_keeps_other_keys():
+    plugin = _load("seqhooks_conformance_plugin")
+    from vllm_seqhooks.config import ADDITIONAL_CONFIG_KEY, SpecialKwargs
+
+    config = plugin.hooks_config_dict()
+    hooks = SpecialKwargs.from_dict(config)
+    assert hooks.is_resolved  # no tokenizer needed in EngineCore
+    assert len(hooks.hook_token_ids) == 3
+    hooks.check_vocab(32000)  # valid for the smallest vocabulary in the tests
+
+    vc = SimpleNamespace(additional_config={"other": 1})
+    plugin._inject_hooks_config(vc, ADDITIONAL_CONFIG_KEY, config)
+    assert vc.additional_config == {"other": 1, ADDITIONAL_CONFIG_KEY: config}
+    mine = {ADDITIONAL_CONFIG_KEY: {"sync_token_id": 1}}
+    vc = SimpleNamespace(additional_config=mine)
+    plugin._inject_hooks_config(vc, ADDITIONAL_CONFIG_KEY, config)
+    assert vc.additional_config is mine  # a test's own hook config wins
+    vc = SimpleNamespace(additional_config=None)
+    plugin._inject_hooks_config(vc, ADDITIONAL_CONFIG_KEY, config)
+    assert vc.additional_config == {ADDITIONAL_CONFIG_KEY: config}
+
+
+def _report(outcomes: dict[str, str], *, hooks: int, stock: int, mode: str,
+            stock_classes: dict[str, int] | None = None) -> dict:
+    kind = "hooks" if mode == "hooks" else "stock"
+    return {
+        "mode": mode,
+        "tests": {
+            t: {"outcome": o, "schedulers": {kind: 1, "hooks" if kind == "stock" else "stock": 0},
+                "message": None if o == "passed" else "AssertionError: boom"}
+            for t, o in outcomes.items()
+        },
+        "collection_errors": {},
+        "schedulers_created": {"hooks": hooks, "stock": stock},
+        "stock_scheduler_classes": stock_classes or {},
+        "stock_base_classes": ["vllm.v1.core.sched.scheduler.Scheduler",
+                               "vllm.v1.core.sched.async_scheduler.AsyncScheduler"],
+    }
+
+
+def test_compare_reports_regressions_and_a_missing_substitution():
+    driver = _load("run_conformance")
+    stock = _report({"t::a": "passed", "t::b": "passed", "t::c": "failed"},
+                    hooks=0, stock=3, mode="stock")
+    hooks = _report({"t::a": "passed", "t::b": "failed", "t::c": "failed"},
+                    hooks=3, stock=0, mode="hooks")
+    cmp = driver.compare(stock, hooks)
+    assert [r["test"] for r in cmp["regressions"]] == ["t::b"]
+    assert cmp["regressions"][0]["message"] == "AssertionError: boom"
+    assert cmp["fail_in_both"] == {"AssertionError: boom": ["t::c"]}
+    assert cmp["problems"] == []
+
+    # Both runs secretly on vLLM's classes: identical outcomes, but it fails.
+    cmp = driver.compare(stock, stock)
+    assert cmp["regressions"] == []
+    assert any("built no hook scheduler" in p for p in cmp["problems"])
+
+    # The plain stock class built in the hooks run: substitution missed.
+    leaky = _report({"t::a": "passed", "t::b": "passed", "t::c": "failed"},
+                    hooks=2, stock=1, mode="hooks",
+                    stock_classes={"vllm.v1.core.sched.scheduler.Scheduler": 1})
+    assert any("substitution missed" in p for p in driver.compare(stock, leaky)["problems"])
+
+
+def test_sdist_lookup_reads_a_simple_index_page(tmp_path):
+    driver = _load("run_conformance")
+    page = tmp_path / "simple" / "vllm"
+    page.mkdir(parents=True)
+    sha = driver.SDIST_SHA256
+    (page / "index.html").write_text(
+        "<html><body>\n"
+        '<a href="../../files/vllm-0.31.0.tar.gz#sha256=' + "0" * 64 + '">vllm-0.31.0.tar.gz</a>\n'
+        f'<a href="../../files/vllm-0.32.0.tar.gz#sha256={sha}" '
+        'data-requires-python="&gt;=3.10">vllm-0.32.0.tar.gz</a>\n'
+        "</body></html>\n"
+    )
+    url, listed = driver.find_sdist((tmp_path / "simple").as_uri(), None)
+    assert url == (tmp_path / "files" / "vllm-0.32.0.tar.gz").as_uri()
+    assert listed == sha
+    other = tmp_path / "other" / "vllm"
+    other.mkdir(parents=True)
+    (other / "index.html").write_text('<a href="vllm-0.31.0.tar.gz">vllm-0.31.0.tar.gz</a>')
+    with pytest.raises(driver.DownloadError, match="does not list"):
+        driver.find_sdist((tmp_path / "other").as_uri(), None)

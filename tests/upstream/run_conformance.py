@@ -1,0 +1,651 @@
+#!/usr/bin/env python3
+"""Upstream conformance: vLLM 0.32.0's own scheduler tests, stock vs. hooks.
+
+Usage (from the repository root; see docs/conformance.md):
+
+    bash scripts/upstream_conformance.sh            # or
+    .venv/bin/python tests/upstream/run_conformance.py [options] [test paths]
+
+1. Fetches vLLM's sdist (``vllm-0.32.0.tar.gz``, which ships upstream's test
+   suite) from the package index pip is configured with, checks its sha256 and
+   caches it in a directory outside the repository (upstream code is never
+   copied into this repository).
+2. Extracts ``tests/`` (and ``pyproject.toml``, for pytest's settings) next to
+   it and writes an offline Hugging Face cache holding only the ``config.json``
+   files the selected tests need (tests/upstream/hf_configs/).
+3. Runs the selected upstream tests twice with pytest and
+   ``seqhooks_conformance_plugin``: with vLLM's schedulers, then with ours
+   substituted for ``Scheduler`` and ``AsyncScheduler``.
+4. Compares: every test that passes with the stock schedulers must pass with
+   ours; the hooks run must really have built our schedulers and must never
+   have sampled a hook token. Prints both pass counts and the tests that pass
+   with stock but not with ours, and writes ``results/summary.json`` under
+   the cache directory.
+
+Exit status: 0 conformant; 1 a difference (or a failed sanity check);
+2 a run did not complete; 3 the sdist could not be downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import html
+import json
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+VLLM_VERSION = "0.32.0"
+SDIST_NAME = f"vllm-{VLLM_VERSION}.tar.gz"
+#: sha256 of vllm-0.32.0.tar.gz as published on PyPI.
+SDIST_SHA256 = "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"
+SDIST_TOP = f"vllm-{VLLM_VERSION}"
+DEFAULT_INDEX = "https://pypi.org/simple"  # pip's built-in default
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+PLUGIN = "seqhooks_conformance_plugin"
+HF_CONFIGS = HERE / "hf_configs"
+
+#: Upstream test files run in both modes (paths inside the sdist). All of them
+#: build schedulers, KV cache managers or the connectors' scheduler side and
+#: run offline on CPU; docs/conformance.md lists what fails in both and why.
+SELECTION: list[str] = [
+    # the scheduler itself
+    "tests/v1/core/test_scheduler.py",
+    "tests/v1/core/test_async_scheduler.py",
+    "tests/v1/core/test_output.py",
+    "tests/v1/core/test_repetition_detection.py",
+    "tests/v1/core/test_deferred_block_free.py",
+    "tests/v1/core/test_worker_slot_overflow.py",
+    "tests/v1/core/test_swa_inflight_window_free.py",
+    "tests/v1/core/test_mamba_align_chunk_split.py",
+    "tests/v1/structured_output/test_scheduler_speculative_padding.py",
+    "tests/v1/spec_decode/test_dynamic_sd.py",
+    "tests/v1/spec_decode/test_dflash_lookahead.py",
+    # preemption and priorities
+    "tests/v1/core/test_priority_preemption_bug.py",
+    "tests/v1/core/test_priority_scheduler_random.py",
+    # streaming input (the session path our joins use)
+    "tests/v1/streaming_input/test_scheduler_streaming.py",
+    # prefix caching and the KV cache manager
+    "tests/v1/core/test_prefix_caching.py",
+    "tests/v1/core/test_prefix_replay.py",
+    "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py",
+    "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py",
+    "tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py",
+    "tests/v1/core/test_single_type_kv_cache_manager.py",
+    "tests/v1/core/test_kv_sharing.py",
+    "tests/v1/core/test_contiguous_kv_packing.py",
+    "tests/v1/core/test_kv_cache_metrics.py",
+    "tests/v1/core/test_encoder_cache_manager.py",
+    # KV / EC connectors driven through the scheduler
+    "tests/v1/kv_connector/unit/test_remote_prefill_lifecycle.py",
+    "tests/v1/kv_connector/unit/test_remote_decode_lifecycle.py",
+    "tests/v1/kv_connector/unit/test_error_propagation.py",
+    "tests/v1/kv_connector/unit/test_invalid_blocks_correctness.py",
+    "tests/v1/kv_connector/unit/test_kv_load_failure_recovery.py",
+    "tests/v1/kv_connector/unit/test_cache_pollution_prevention.py",
+    "tests/v1/kv_connector/unit/test_scheduler_kv_connector_override.py",
+    "tests/v1/kv_connector/unit/test_decode_bench_connector.py",
+    "tests/v1/kv_connector/unit/offloading_connector/test_scheduler.py",
+    "tests/v1/simple_kv_offload/test_scheduler.py",
+    "tests/v1/ec_connector/unit/test_ec_transfer_params.py",
+]
+
+EXIT_OK, EXIT_DIFF, EXIT_RUN, EXIT_DOWNLOAD = 0, 1, 2, 3
+
+
+def log(msg: str = "") -> None:
+    print(f"[upstream-conformance] {msg}" if msg else "", flush=True)
+
+
+class DownloadError(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------- download
+def _pip_config(python: str) -> dict[str, str]:
+    """``pip config list`` as {key: value} (keys like ``global.index-url``)."""
+    try:
+        out = subprocess.run(
+            [python, "-m", "pip", "config", "list"], capture_output=True,
+            text=True, timeout=120, check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    cfg: dict[str, str] = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            cfg[key.strip()] = value.strip().strip("'\"")
+    return cfg
+
+
+def index_urls(python: str) -> tuple[list[str], str | None]:
+    """The package indexes pip would use (index-url first, then the extra
+    ones), and its configured CA bundle."""
+    cfg = _pip_config(python)
+
+    def setting(name: str) -> str | None:
+        env = os.environ.get("PIP_" + name.upper().replace("-", "_"))
+        if env:
+            return env
+        for scope in (":env:", "site", "user", "global", "install", "download"):
+            if f"{scope}.{name}" in cfg:
+                return cfg[f"{scope}.{name}"]
+        return None
+
+    urls = [setting("index-url") or DEFAULT_INDEX]
+    urls += (setting("extra-index-url") or "").split()
+    return [u for i, u in enumerate(urls) if u and u not in urls[:i]], setting("cert")
+
+
+def _open(url: str, cafile: str | None, accept: str | None = None, timeout: float = 60):
+    req = urllib.request.Request(url, headers={"User-Agent": "vllm-seqhooks-conformance"})
+    if accept:
+        req.add_header("Accept", accept)
+    ctx = None
+    if url.startswith("https:"):
+        ctx = ssl.create_default_context(
+            cafile=cafile if cafile and os.path.isfile(cafile) else None
+        )
+    return urllib.request.urlopen(req, timeout=timeout, context=ctx)
+
+
+def find_sdist(index: str, cafile: str | None) -> tuple[str, str | None]:
+    """(url, sha256 or None) of the sdist on one simple index."""
+    page = index.rstrip("/") + "/vllm/"
+    if page.startswith("file:"):
+        path = urllib.request.url2pathname(urllib.parse.urlparse(page).path)
+        if os.path.isdir(path):
+            page = urllib.parse.urljoin(page, "index.html")
+    accept = ("application/vnd.pypi.simple.v1+json, "
+              "application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1")
+    with _open(page, cafile, accept) as resp:
+        ctype = resp.headers.get("Content-Type", "") or ""
+        body = resp.read().decode("utf-8", "replace")
+        base = resp.geturl()
+    if "json" in ctype:
+        for f in json.loads(body).get("files", []):
+            if f.get("filename") == SDIST_NAME:
+                return urllib.parse.urljoin(base, f["url"]), f.get("hashes", {}).get("sha256")
+    else:
+        for href in re.findall(r"""<a\s[^>]*href\s*=\s*["']([^"']+)["']""", body, re.I):
+            href = html.unescape(href)
+            url = urllib.parse.urljoin(base, href)
+            path, _, frag = url.partition("#")
+            if urllib.parse.unquote(path.rsplit("/", 1)[-1]) == SDIST_NAME:
+                m = re.search(r"sha256=([0-9a-f]{64})", frag)
+                return path, m.group(1) if m else None
+    raise DownloadError(f"{page} does not list {SDIST_NAME}")
+
+
+def fetch_sdist(cache: Path, python: str, local: str | None) -> Path:
+    dest = cache / "sdist" / SDIST_NAME
+    if local:
+        src = Path(local)
+        if not src.is_file():
+            raise DownloadError(f"--sdist {src}: no such file")
+        if _sha256(src) != SDIST_SHA256:
+            raise DownloadError(f"--sdist {src}: sha256 is not that of {SDIST_NAME}")
+        return src
+    if dest.is_file() and _sha256(dest) == SDIST_SHA256:
+        log(f"sdist: cached {dest}")
+        return dest
+    urls, cafile = index_urls(python)
+    errors: list[str] = []
+    for index in urls:
+        try:
+            url, listed_sha = find_sdist(index, cafile)
+        except (DownloadError, urllib.error.URLError, OSError, ValueError) as e:
+            errors.append(f"{index}: {e}")
+            continue
+        if listed_sha and listed_sha != SDIST_SHA256:
+            errors.append(f"{index}: lists {SDIST_NAME} with sha256 {listed_sha}, "
+                          f"expected {SDIST_SHA256}")
+            continue
+        log(f"sdist: downloading {url}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_suffix(".part")
+        t0 = time.time()
+        try:
+            h = hashlib.sha256()
+            with _open(url, cafile, timeout=120) as resp, open(part, "wb") as out:
+                while chunk := resp.read(1 << 20):
+                    h.update(chunk)
+                    out.write(chunk)
+        except (urllib.error.URLError, OSError) as e:
+            errors.append(f"{url}: {e}")
+            part.unlink(missing_ok=True)
+            continue
+        if h.hexdigest() != SDIST_SHA256:
+            part.unlink(missing_ok=True)
+            errors.append(f"{url}: sha256 {h.hexdigest()} != {SDIST_SHA256}")
+            continue
+        os.replace(part, dest)
+        log(f"sdist: {dest.stat().st_size / 1e6:.1f} MB in {time.time() - t0:.1f} s")
+        return dest
+    raise DownloadError("; ".join(errors) or "no package index configured")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def extract(sdist: Path, cache: Path) -> Path:
+    """Extract ``tests/`` and ``pyproject.toml`` (not the ``vllm`` package:
+    the tests must import the installed vLLM) into the cache."""
+    root = cache / "src"
+    dest = root / SDIST_TOP
+    marker = root / f".extracted-{SDIST_SHA256[:16]}"
+    if marker.is_file() and (dest / "tests" / "v1").is_dir():
+        return dest
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    tmp = Path(tempfile.mkdtemp(dir=root))
+    prefix = f"{SDIST_TOP}/tests/"
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers()
+                   if m.name.startswith(prefix) or m.name == f"{SDIST_TOP}/pyproject.toml"]
+        tar.extractall(tmp, members=members, filter="data")
+    os.replace(tmp / SDIST_TOP, dest)
+    tmp.rmdir()
+    marker.write_text(SDIST_SHA256 + "\n")
+    log(f"extracted {len(members)} files to {dest}")
+    return dest
+
+
+def write_hf_cache(cache: Path) -> Path:
+    """An offline Hugging Face cache holding only config.json files: one per
+    ``hf_configs/<org>--<name>.json``, as model ``<org>/<name>``."""
+    hf_home = cache / "hf"
+    hub = hf_home / "hub"
+    shutil.rmtree(hub, ignore_errors=True)
+    for cfg in sorted(HF_CONFIGS.glob("*.json")):
+        org, _, name = cfg.stem.partition("--")
+        text = cfg.read_text()
+        json.loads(text)  # fail early on a broken file
+        commit = hashlib.sha1(text.encode()).hexdigest()
+        repo = hub / f"models--{org}--{name}"
+        snap = repo / "snapshots" / commit
+        snap.mkdir(parents=True)
+        (snap / "config.json").write_text(text)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
+    return hf_home
+
+
+# -------------------------------------------------------------------- runs
+def run_env(cache: Path, hf_home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HF_HOME=str(hf_home),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        VLLM_CACHE_ROOT=str(cache / "vllm-cache"),
+    )
+    env.pop("HF_HUB_CACHE", None)
+    env.pop("HUGGINGFACE_HUB_CACHE", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p
+    )
+    return env
+
+
+def pytest_cmd(args, src: Path, mode: str, report: Path, paths: list[str]) -> list[str]:
+    cmd = [
+        args.python, "-m", "pytest",
+        "-p", PLUGIN, f"--seqhooks-mode={mode}", f"--seqhooks-report={report}",
+        f"--seqhooks-test-timeout={args.test_timeout}",
+        "-c", str(src / "pyproject.toml"), "--rootdir", str(src),
+        # Upstream's root conftest needs packages we do not install; the
+        # subdirectory ones (e.g. the KV connector tests' CPU block sizes)
+        # are loaded.
+        "--confcutdir", str(src / "tests" / "v1"),
+        "--continue-on-collection-errors",
+        "-p", "no:cacheprovider",
+        "-q", "--tb=short", "-o", "console_output_style=classic",
+    ]
+    if args.k:
+        cmd += ["-k", args.k]
+    return cmd + paths
+
+
+def start_run(args, src: Path, env: dict[str, str], mode: str, results: Path,
+              paths: list[str]):
+    report = results / f"{mode}.json"
+    report.unlink(missing_ok=True)
+    logf = open(results / f"{mode}.log", "w")
+    cmd = pytest_cmd(args, src, mode, report, paths)
+    logf.write("$ " + " ".join(cmd) + "\n\n")
+    logf.flush()
+    proc = subprocess.Popen(cmd, cwd=src, env=env, stdout=logf, stderr=subprocess.STDOUT)
+    return proc, logf, report, time.time()
+
+
+def wait_run(mode: str, proc, logf, report: Path, t0: float, deadline: float) -> dict | None:
+    try:
+        proc.wait(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        log(f"{mode}: killed after the run timeout (see {logf.name})")
+        logf.close()
+        return None
+    logf.close()
+    took = time.time() - t0
+    if not report.is_file():
+        log(f"{mode}: pytest exited {proc.returncode} without a report "
+            f"(see {logf.name}):")
+        print(_tail(Path(logf.name), 30), flush=True)
+        return None
+    data = json.loads(report.read_text())
+    data["wall_s"] = round(took, 1)
+    return data
+
+
+def _tail(path: Path, n: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+# ------------------------------------------------------------- comparison
+def _counts(data: dict) -> dict[str, int]:
+    c = Counter(e.get("outcome") or "unknown" for e in data["tests"].values())
+    out = {k: c.get(k, 0) for k in ("passed", "failed", "error", "skipped")}
+    for k in ("xfailed", "xpassed", "unknown"):
+        if c.get(k):
+            out[k] = c[k]
+    out["collection_errors"] = len(data.get("collection_errors", {}))
+    return out
+
+
+def _per_file(data: dict) -> dict[str, dict[str, int]]:
+    out: dict[str, Counter] = {}
+    for t, e in data["tests"].items():
+        out.setdefault(t.split("::")[0], Counter())[e.get("outcome") or "unknown"] += 1
+    for t in data.get("collection_errors", {}):
+        out.setdefault(t.split("::")[0], Counter())["not_collected"] += 1
+    return {f: dict(c) for f, c in sorted(out.items())}
+
+
+def _fmt(c: dict[str, int]) -> str:
+    parts = [f"{c['passed']} passed", f"{c['failed']} failed", f"{c['error']} errors",
+             f"{c['skipped']} skipped"]
+    parts += [f"{c[k]} {k}" for k in ("xfailed", "xpassed", "unknown") if c.get(k)]
+    if c["collection_errors"]:
+        parts.append(f"{c['collection_errors']} modules not collected")
+    return ", ".join(parts)
+
+
+def _first_line(msg: str | None) -> str:
+    msg = (msg or "").strip()
+    return msg.splitlines()[0][:300] if msg else ""
+
+
+def _reason(msg: str | None) -> str:
+    """A failure message, whitespace collapsed and shortened (for grouping)."""
+    text = " ".join((msg or "").split())
+    text = re.sub(r"\[type=value_error, input_value=.*", "", text)
+    return text[:400] or "(no message)"
+
+
+def compare(stock: dict, hooks: dict) -> dict[str, Any]:
+    st, hk = stock["tests"], hooks["tests"]
+    stock_pass = {t for t, e in st.items() if e.get("outcome") == "passed"}
+    regressions = []
+    for t in sorted(stock_pass):
+        e = hk.get(t)
+        if e is None or e.get("outcome") != "passed":
+            regressions.append({
+                "test": t,
+                "hooks_outcome": e.get("outcome") if e else "not run (not collected)",
+                "message": (e or {}).get("message"),
+                "when": (e or {}).get("when"),
+                "traceback": (e or {}).get("longrepr"),
+            })
+    only_hooks_pass = sorted(t for t, e in hk.items()
+                             if e.get("outcome") == "passed" and t not in stock_pass)
+    both_fail: dict[str, list[str]] = {}
+    for t, e in sorted(st.items()):
+        if e.get("outcome") in ("failed", "error") and hk.get(t, {}).get("outcome") != "passed":
+            both_fail.setdefault(_reason(e.get("message")), []).append(t)
+    # Substitution: tests that built schedulers in the stock run must have
+    # built ours in the hooks run.
+    not_substituted = sorted(
+        t for t, e in st.items()
+        if (e.get("schedulers") or {}).get("stock")
+        and not (hk.get(t, {}).get("schedulers") or {}).get("hooks")
+    )
+    sched_tests_stock = sum(1 for e in st.values() if (e.get("schedulers") or {}).get("stock"))
+    sched_tests_hooks = sum(1 for e in hk.values() if (e.get("schedulers") or {}).get("hooks"))
+    hook_samples = {t: e["hook_tokens_sampled"] for t, e in hk.items()
+                    if e.get("hook_tokens_sampled")}
+    problems = []
+    if not stock_pass:
+        problems.append("no upstream test passed with the stock scheduler")
+    if hooks["schedulers_created"]["hooks"] == 0:
+        problems.append("the hooks run built no hook scheduler (the substitution "
+                        "did not happen, or the selected tests build none): the "
+                        "comparison proves nothing")
+    if stock["schedulers_created"]["hooks"]:
+        problems.append("the stock run built hook schedulers")
+    # vLLM's own subclasses (DiffusionScheduler, ...) legitimately stay stock
+    # in the hooks run; the plain classes must never be built there.
+    missed = {c: n for c, n in hooks.get("stock_scheduler_classes", {}).items()
+              if c in hooks.get("stock_base_classes", [])}
+    if missed:
+        problems.append("the hooks run built vLLM's plain Scheduler/AsyncScheduler "
+                        f"(substitution missed): {missed}")
+    if hook_samples:
+        problems.append(f"{len(hook_samples)} test(s) sampled a hook token id; pick "
+                        "other ids in seqhooks_conformance_plugin.HOOK_TOKEN_IDS")
+    return {
+        "regressions": regressions,
+        "pass_only_with_hooks": only_hooks_pass,
+        "fail_in_both": both_fail,
+        "not_substituted": not_substituted,
+        "stock_classes_in_hooks_run": hooks.get("stock_scheduler_classes", {}),
+        "scheduler_tests": {"stock_run": sched_tests_stock, "hooks_run": sched_tests_hooks},
+        "hook_tokens_sampled": hook_samples,
+        "problems": problems,
+    }
+
+
+# --------------------------------------------------------------------- main
+def _outside_repo_or_ignored(path: Path) -> bool:
+    try:
+        path.relative_to(REPO.resolve())
+    except ValueError:
+        return True
+    probe = path / "src"
+    res = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", str(probe)],
+                         capture_output=True, check=False)
+    return res.returncode == 0
+
+
+def default_cache() -> Path:
+    env = os.environ.get("SEQHOOKS_UPSTREAM_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "vllm-seqhooks" / f"upstream-conformance-{VLLM_VERSION}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="*",
+                    help="upstream test paths/ids to run instead of the default selection")
+    ap.add_argument("--cache-dir", type=Path, default=None,
+                    help="cache directory (default: $SEQHOOKS_UPSTREAM_CACHE or "
+                         "~/.cache/vllm-seqhooks/upstream-conformance-0.32.0); "
+                         "must be outside the repository or git-ignored")
+    ap.add_argument("--python", default=sys.executable,
+                    help="interpreter with vLLM and vllm_seqhooks (default: this one)")
+    ap.add_argument("--sdist", default=os.environ.get("SEQHOOKS_VLLM_SDIST"),
+                    help="use this vllm-0.32.0.tar.gz instead of downloading it "
+                         "(also $SEQHOOKS_VLLM_SDIST)")
+    ap.add_argument("-k", default=None, help="pytest -k expression for both runs")
+    ap.add_argument("--jobs", type=int, choices=(1, 2),
+                    default=2 if (os.cpu_count() or 1) >= 4 else 1,
+                    help="2: run the stock and hooks runs at the same time "
+                         "(default: 2 with 4 or more CPUs, else 1)")
+    ap.add_argument("--test-timeout", type=int, default=120,
+                    help="per-test time limit in seconds (0: none)")
+    ap.add_argument("--run-timeout", type=int, default=900,
+                    help="time limit for each pytest run in seconds")
+    ap.add_argument("--show-traceback-lines", type=int, default=25,
+                    help="traceback lines printed per difference")
+    args = ap.parse_args(argv)
+    if os.sep in args.python:
+        # The runs start in the extracted sources; abspath, not realpath (a
+        # venv's python is a symlink that must stay inside the venv).
+        args.python = os.path.abspath(args.python)
+
+    t_start = time.time()
+    cache = (args.cache_dir or default_cache()).resolve()
+    cache.mkdir(parents=True, exist_ok=True)
+    if not _outside_repo_or_ignored(cache):
+        log(f"ERROR: cache directory {cache} is inside the repository and not "
+            "git-ignored: upstream code must never be committed here. Use a "
+            "directory outside the repository (or e.g. .cache/, which is ignored).")
+        return EXIT_RUN
+    log(f"vLLM {VLLM_VERSION} upstream scheduler tests: stock vs vllm_seqhooks")
+    log(f"cache: {cache}")
+    try:
+        sdist = fetch_sdist(cache, args.python, args.sdist)
+    except DownloadError as e:
+        log("ERROR: could not download vLLM's source distribution "
+            f"{SDIST_NAME} (it holds the upstream test suite) from the package "
+            "index pip is configured with.")
+        log(f"  {e}")
+        log("  Give this machine access to the index, or pass --sdist PATH "
+            "(or SEQHOOKS_VLLM_SDIST=PATH) with a copy of the file.")
+        log("FAILED: the upstream conformance check did NOT run.")
+        return EXIT_DOWNLOAD
+    src = extract(sdist, cache)
+    hf_home = write_hf_cache(cache)
+    results = cache / "results"
+    results.mkdir(exist_ok=True)
+    (results / "summary.json").unlink(missing_ok=True)
+    paths = args.paths or SELECTION
+    missing = [p for p in paths if not (src / p.split("::")[0]).exists()]
+    if missing:
+        log(f"ERROR: not in the sdist: {', '.join(missing)}")
+        return EXIT_RUN
+    env = run_env(cache, hf_home)
+    log(f"running {len(paths)} upstream test file(s) twice (logs: {results}/"
+        "{stock,hooks}.log)")
+
+    runs: dict[str, dict | None] = {}
+    if args.jobs == 2:
+        started = {m: start_run(args, src, env, m, results, paths) for m in ("stock", "hooks")}
+        deadline = time.time() + args.run_timeout
+        for m, r in started.items():
+            runs[m] = wait_run(m, *r, deadline=deadline)
+    else:
+        for m in ("stock", "hooks"):
+            r = start_run(args, src, env, m, results, paths)
+            runs[m] = wait_run(m, *r, deadline=time.time() + args.run_timeout)
+            if runs[m] is not None:
+                log(f"{m:5s} run: {_fmt(_counts(runs[m]))}  [{runs[m]['wall_s']:.0f} s]")
+    stock, hooks = runs["stock"], runs["hooks"]
+    if stock is None or hooks is None:
+        log("FAILED: a pytest run did not complete; nothing was compared.")
+        return EXIT_RUN
+
+    cmp = compare(stock, hooks)
+    cs, ch = _counts(stock), _counts(hooks)
+    wall = time.time() - t_start
+    summary = {
+        "vllm_version": VLLM_VERSION,
+        "sdist": str(sdist),
+        "source": str(src),
+        "selection": paths,
+        "k": args.k,
+        "stock": {"counts": cs, "wall_s": stock["wall_s"],
+                  "schedulers_created": stock["schedulers_created"],
+                  "scheduler_classes": stock["scheduler_classes"],
+                  "vllm_seqhooks_modules": stock.get("vllm_seqhooks_modules"),
+                  "collection_errors": sorted(stock["collection_errors"])},
+        "hooks": {"counts": ch, "wall_s": hooks["wall_s"],
+                  "schedulers_created": hooks["schedulers_created"],
+                  "scheduler_classes": hooks["scheduler_classes"],
+                  "hooks_config": hooks["hooks_config"],
+                  "late_rebinds": hooks["late_rebinds"],
+                  "collection_errors": sorted(hooks["collection_errors"])},
+        **cmp,
+        "per_file": {f: {"stock": c, "hooks": _per_file(hooks).get(f, {})}
+                     for f, c in _per_file(stock).items()},
+        "wall_s": round(wall, 1),
+        "ok": not cmp["regressions"] and not cmp["problems"],
+    }
+    (results / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+
+    log()
+    log(f"stock schedulers : {_fmt(cs)}")
+    log(f"hook schedulers  : {_fmt(ch)}")
+    log(f"schedulers built : stock run {stock['schedulers_created']['stock']} stock "
+        f"(in {cmp['scheduler_tests']['stock_run']} tests); hooks run "
+        f"{hooks['schedulers_created']['hooks']} hook + "
+        f"{hooks['schedulers_created']['stock']} stock (hook ones in "
+        f"{cmp['scheduler_tests']['hooks_run']} tests)")
+    if cmp["not_substituted"]:
+        log(f"built only vLLM's own scheduler subclasses in the hooks run "
+            f"({len(cmp['not_substituted'])}, e.g. DiffusionScheduler): "
+            + ", ".join(cmp["not_substituted"][:5])
+            + (" ..." if len(cmp["not_substituted"]) > 5 else ""))
+    if cmp["pass_only_with_hooks"]:
+        log(f"pass with hooks but not with stock ({len(cmp['pass_only_with_hooks'])}): "
+            + ", ".join(cmp["pass_only_with_hooks"]))
+    for p in cmp["problems"]:
+        log(f"PROBLEM: {p}")
+    for t, ids in cmp["hook_tokens_sampled"].items():
+        log(f"  {t} sampled hook token(s) {ids}")
+    regs = cmp["regressions"]
+    if regs:
+        log()
+        log(f"{len(regs)} upstream test(s) pass with vLLM's scheduler but not with ours:")
+        for r in regs:
+            log(f"- {r['test']}  [{r['hooks_outcome']}"
+                + (f" in {r['when']}" if r.get("when") and r["when"] != "call" else "") + "]")
+            if r.get("message"):
+                log(f"    {_first_line(r['message'])}")
+            if args.show_traceback_lines and r.get("traceback"):
+                lines = r["traceback"].rstrip().splitlines()[-args.show_traceback_lines:]
+                print("\n".join("      | " + ln for ln in lines), flush=True)
+    log()
+    log(f"summary: {results / 'summary.json'}  (wall time {wall:.0f} s)")
+    if summary["ok"]:
+        log(f"OK: all {cs['passed']} upstream tests that pass with vLLM's scheduler "
+            "pass with the hook scheduler.")
+        return EXIT_OK
+    log(f"FAILED: {len(regs)} difference(s), {len(cmp['problems'])} problem(s).")
+    return EXIT_DIFF
+
+
+if __name__ == "__main__":
+    sys.exit(main())
