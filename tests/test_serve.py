@@ -3,68 +3,36 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
-VLLM = str(Path(sys.executable).with_name("vllm"))
-SCRIPTED = "vllm_seqhooks.testing.scripted:ScriptedTokensLogitsProcessor"
-COMMON = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "1024",
-          "--block-size", "32", "--kv-cache-memory-bytes", str(64 << 20)]
+from vllm_seqhooks.testing.server import (
+    SCRIPTED,
+    TINY_FLAGS,
+    metric,
+    scrape,
+    start_server,
+    vllm_command,
+)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(proc, url, log_path, timeout=240):
-    import requests
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited with {proc.returncode}:\n"
-                                 + Path(log_path).read_text()[-4000:])
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(1)
-    raise AssertionError("server did not become healthy:\n" + Path(log_path).read_text()[-4000:])
+VLLM = vllm_command()
+COMMON = TINY_FLAGS
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    port = free_port()
     log_path = tmp_path_factory.mktemp("serve") / "server.log"
-    cmd = [VLLM, "serve", tiny_model_dir, "--host", "127.0.0.1", "--port", str(port),
-           *COMMON, "--sync-token", "<sync>", "--promise-token-id", "4",
-           "--promise-end-token", "</promise>", "--logits-processors", SCRIPTED]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    srv = start_server(tiny_model_dir, *COMMON, "--sync-token", "<sync>",
+                       "--promise-token-id", "4", "--promise-end-token", "</promise>",
+                       "--logits-processors", SCRIPTED, log_path=log_path)
     try:
-        wait_healthy(proc, url, log_path)
-        yield url, log_path
+        yield srv.url, log_path
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -133,26 +101,6 @@ def test_plain_request_is_untouched(client, tiny_model_dir):
                                   temperature=0)
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 8
-
-
-def scrape(url) -> dict[str, float]:
-    """``/metrics`` as {"name{labels}": value} for the seqhooks and a few
-    vLLM series."""
-    import requests
-
-    text = requests.get(url + "/metrics", timeout=10).text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        key, _, value = line.rpartition(" ")
-        out[key] = float(value)
-    return out
-
-
-def metric(samples, name):
-    """Sum of a metric over its label sets."""
-    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
 
 
 def test_metrics_count_forks_and_joins(server, client, tiny_model_dir, S):

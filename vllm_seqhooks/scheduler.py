@@ -52,7 +52,6 @@ from vllm_seqhooks.dependencies import (
     FINISHED,
     DependencyManager,
     JoinRecord,
-    CHILD_ID_MARKER,
     build_trace,
 )
 from vllm_seqhooks.tokens import (
