@@ -1,6 +1,6 @@
 """The multiprocess serving paths: several API server processes in front of
-one engine; children stay on their parent's engine and the trace and metrics
-reach every frontend."""
+one engine, and data parallelism (two engines); children stay on their
+parent's engine, and the trace and metrics reach every frontend."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ from vllm_seqhooks.testing.server import (
 pytestmark = pytest.mark.slow
 
 
-def test_two_api_servers_one_engine(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("topology", [["--api-server-count", "2"],
+                                      ["--data-parallel-size", "2"]],
+                         ids=["2-api-servers", "data-parallel-2"])
+def test_multiprocess_serving(tiny_model_dir, tmp_path, topology):
     from openai import OpenAI
     from transformers import AutoTokenizer
 
@@ -29,7 +32,7 @@ def test_two_api_servers_one_engine(tiny_model_dir, tmp_path):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     S = lambda text: encode_script(tok, text)  # noqa: E731
-    srv = start_server(tiny_model_dir, *TINY_FLAGS, *TINY_HOOK_FLAGS, "--api-server-count", "2",
+    srv = start_server(tiny_model_dir, *TINY_FLAGS, *TINY_HOOK_FLAGS, *topology,
                        "--logits-processors", SCRIPTED, log_path=tmp_path / "server.log")
     try:
         client = OpenAI(base_url=srv.url + "/v1", api_key="unused")
@@ -52,5 +55,13 @@ def test_two_api_servers_one_engine(tiny_model_dir, tmp_path):
         m = scrape(srv.url)
         assert metric(m, "vllm:seqhooks_children_spawned_total") == 12
         assert metric(m, "vllm:seqhooks_parked_requests") == 0
+        engines = {k.split('engine="')[1].split('"')[0] for k in m
+                   if k.startswith("vllm:seqhooks_joins_total{")}
+        if "--data-parallel-size" in topology:
+            # each engine reports its own joins: children stayed on their
+            # parent's engine (a join needs every child on the same one)
+            assert engines == {"0", "1"}
+        else:
+            assert engines == {"0"}
     finally:
         srv.stop()

@@ -57,7 +57,8 @@ GAUGES = {
 class HookMetrics:
     """Counters, gauges and the park-time histogram of one scheduler."""
 
-    def __init__(self, engine: str, model_name: str, directory: str | None = None) -> None:
+    def __init__(self, engine: str, model_name: str, directory: str | None = None,
+                 *, mirror: bool = True) -> None:
         self.engine = engine
         self.model_name = model_name
         self.counters: dict[str, int] = {name: 0 for name in COUNTERS}
@@ -74,7 +75,7 @@ class HookMetrics:
         self._dirty = False
         self._prom = (
             _PrometheusMirror(engine, model_name)
-            if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else None
+            if mirror and os.environ.get("PROMETHEUS_MULTIPROC_DIR") else None
         )
 
     def inc(self, name: str, value: int = 1) -> None:

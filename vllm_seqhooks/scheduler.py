@@ -121,7 +121,7 @@ class SeqHooksMixin:
     _requeue_after_step: tuple = ()
     _num_parked = 0
     deps = DependencyManager()
-    metrics = HookMetrics("-", "-", None)
+    metrics = HookMetrics("-", "-", None, mirror=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
