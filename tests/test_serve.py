@@ -240,3 +240,17 @@ def test_help_lists_the_hook_flags():
                  "--sync-token", "--child-context", "--merge-strategy",
                  "--max-child-depth", "--max-children-per-request", "--child-max-tokens"):
         assert flag in r.stdout
+
+
+def test_small_load_all_correct_and_drained(server, tiny_model_dir, S):
+    """A small version of benchmarks/serve_load.py: concurrent streaming
+    requests with hooks, every text exact, nothing left afterwards."""
+    import asyncio
+
+    from benchmarks.serve_load import run_load, wait_drained
+
+    result = asyncio.run(run_load(server[0], tiny_model_dir, S, requests=40, concurrency=40,
+                                  timeout_s=300))
+    assert result["errors"] == 0, result["first_errors"]
+    assert result["ok"] == 40
+    assert not any(wait_drained(server[0]).values())
