@@ -254,3 +254,16 @@ def test_small_load_all_correct_and_drained(server, tiny_model_dir, S):
     assert result["errors"] == 0, result["first_errors"]
     assert result["ok"] == 40
     assert not any(wait_drained(server[0]).values())
+
+
+def test_example_client_runs(server):
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "openai_client.py"
+    r = subprocess.run([sys.executable, str(example), "--url", server[0], "--scripted-tiny"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    merged = "Plan:<promise>flights</promise><promise>hotel</promise><sync>Flight AB12\nHotel Rose Done."
+    assert merged in r.stdout
+    assert "join of ['0', '1']" in r.stdout
