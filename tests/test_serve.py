@@ -267,3 +267,17 @@ def test_example_client_runs(server):
     merged = "Plan:<promise>flights</promise><promise>hotel</promise><sync>Flight AB12\nHotel Rose Done."
     assert merged in r.stdout
     assert "join of ['0', '1']" in r.stdout
+
+
+def test_n_and_stop_strings(client, tiny_model_dir, S):
+    # (stock vLLM wants n=1 with greedy sampling; the script forces the tokens)
+    r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                  temperature=1.0, seed=7, n=2,
+                                  extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
+    assert [c.text for c in r.choices] == [EXPECTED, EXPECTED]
+    # a stop string is matched by vLLM's frontend on the parent's merged text
+    r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                  temperature=0, stop=["BBBB"],
+                                  extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
+    assert r.choices[0].text == EXPECTED.split("BBBB")[0]
+    assert r.choices[0].finish_reason == "stop"
