@@ -32,7 +32,7 @@ from vllm_seqhooks.config import (
     SpecialKwargsError,
 )
 
-logger = logging.getLogger("vllm_seqhooks.plugin")
+logger = logging.getLogger("vllm.seqhooks.plugin")
 
 GROUP_TITLE = "Sequence hooks (vllm-seqhooks)"
 DEST_PREFIX = "seqhooks_"

@@ -63,7 +63,8 @@ from vllm_seqhooks.tokens import (
 
 _vllm_private.check()
 
-logger = logging.getLogger("vllm_seqhooks.scheduler")
+# Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.seqhooks.scheduler")
 
 #: extra_args keys the scheduler writes for the worker side (e.g. the
 #: scripted-token logits processor of vllm_seqhooks.testing).
@@ -589,7 +590,7 @@ class SeqHooksMixin:
                     self.deferred_waiting.add(req)
             self._requeue_after_step = []
         if not (self._children or self._parked_this_step or self._pending_outputs
-                or self._ready_joins or self.deps.nodes):
+                or self._ready_joins or self._ended_children or self.deps.nodes):
             return outputs
         parked_now = self._parked_this_step
         self._parked_this_step = set()
@@ -744,9 +745,6 @@ class SeqHooksMixin:
             # Re-admit through the prefix cache: recompute what was evicted.
             req.num_computed_tokens = 0
             st.spilled_frontier = None
-        else:
-            # The request sits in kv_holding_waiting since it was parked.
-            pass
         req.stop_reason = None
         st.accounting = record
         self._accounting[rid] = st
