@@ -12,17 +12,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-#: Engine keyword arguments for the tiny model on CPU: small KV cache, no
-#: torch.compile (saves ~30 s a start), float32.  CPU block sizes must be
-#: multiples of 32.
-TINY_LLM_KWARGS: dict[str, Any] = dict(
-    enforce_eager=True,
-    kv_cache_memory_bytes=64 << 20,
-    max_model_len=1024,
-    block_size=32,
-    dtype="float32",
-    seed=0,
-)
+from vllm_seqhooks.testing.tiny_model import TINY_ENGINE_KWARGS as TINY_LLM_KWARGS  # noqa: E402
 
 
 @pytest.fixture(scope="session")

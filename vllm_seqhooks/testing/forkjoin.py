@@ -15,6 +15,7 @@ from vllm_seqhooks.testing.tiny_model import (
     PROMISE_END_ID,
     PROMISE_ID,
     SYNC_ID,
+    TINY_ENGINE_KWARGS,
 )
 
 #: Hook configuration matching the tiny model's tokens.
@@ -23,17 +24,6 @@ TINY_HOOKS: dict[str, Any] = dict(
     promise_token_id=PROMISE_ID,
     promise_end_token_id=PROMISE_END_ID,
 )
-
-#: Engine keyword arguments for the tiny model on CPU.
-TINY_ENGINE_KWARGS: dict[str, Any] = dict(
-    enforce_eager=True,
-    kv_cache_memory_bytes=64 << 20,
-    max_model_len=1024,
-    block_size=32,
-    dtype="float32",
-    seed=0,
-)
-
 
 def hook_llm(model: str, *, hooks: Mapping[str, Any] | None = None, **engine_kwargs: Any):
     """A ``vllm_seqhooks.LLM`` on the tiny model with the scripted-token

@@ -132,6 +132,19 @@ CHAT_TEMPLATE = (
 # Model settings
 # --------------------------------------------------------------------------
 
+#: ``vllm.LLM`` keyword arguments for the tiny model on CPU: a small KV
+#: cache (the CPU backend needs its size), no torch.compile (saves ~30 s a
+#: start), float32, KV blocks of 32 tokens (CPU block sizes are multiples of
+#: 32).
+TINY_ENGINE_KWARGS: dict[str, Any] = dict(
+    enforce_eager=True,
+    kv_cache_memory_bytes=64 << 20,
+    max_model_len=1024,
+    block_size=32,
+    dtype="float32",
+    seed=0,
+)
+
 #: Model shapes; ``init_std`` (~ 1.1 / sqrt(hidden_size)) is the std of the
 #: attention, MLP and lm_head weights.
 SIZES: dict[str, dict[str, Any]] = {
