@@ -1209,3 +1209,22 @@ def test_per_request_merge_separator_without_tokenizer(async_sched):
     h.scripts[child_id("r", 0)] = [60, EOS]
     h.run(max_steps=40)
     assert h.finish_reasons["r"] == FinishReason.STOP
+
+
+@MODES
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_children_are_admitted_before_requests_that_have_not_started(async_sched, policy):
+    """A parked parent holds its KV blocks until its children finish: a child
+    must not queue behind parents that arrived later and have not started
+    (they would park too and fill the cache)."""
+    h = SchedHarness(async_sched, max_num_seqs=2, policy=policy)
+    h.add("a", prompt(16), max_tokens=20, script=[P, 41, E, S, 43, EOS])
+    h.scripts[child_id("a", 0)] = [60, 61, 62, EOS]
+    h.add("b", prompt(16, base=31), max_tokens=12)
+    h.add("c", prompt(16, base=32), max_tokens=12)
+    h.run(max_steps=200)
+    first = {rid: next(i for i, s in enumerate(h.schedules) if rid in s)
+             for rid in ("a", "b", "c", child_id("a", 0))}
+    assert first[child_id("a", 0)] < first["c"], first
+    assert h.tokens["a"] == [P, 41, E, S, 60, 61, 62, 43, EOS]
+    assert h.finish_reasons["c"] == FinishReason.LENGTH

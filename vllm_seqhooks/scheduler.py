@@ -28,6 +28,7 @@ import hashlib
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
@@ -451,7 +452,9 @@ class SeqHooksMixin:
             sampling_params=sp,
             pooling_params=None,
             client_index=parent.client_index,
-            arrival_time=time.time(),
+            # A child queues at its parent's place (priority policy orders by
+            # arrival time), ahead of requests that arrived after the parent.
+            arrival_time=parent.arrival_time,
             lora_request=parent.lora_request,
             cache_salt=parent.cache_salt,
             priority=parent.priority,
@@ -460,12 +463,26 @@ class SeqHooksMixin:
         )
         self._children[child_id] = child
         self.add_request(child)
+        self._queue_first(child)
         self.metrics.inc("children_spawned", 1)
         self.metrics.inc("fork_prompt_tokens", len(prompt))
         logger.debug(
             "%s spawned %s (key %s, %d prompt tokens, budget %d)",
             parent.request_id, child_id, child_node.key, len(prompt), budget,
         )
+
+    def _queue_first(self, child: Request) -> None:
+        """Children are admitted before requests that have not started.
+
+        A parked parent holds KV blocks until its children finish; admitting
+        new parents ahead of waiting children fills the cache with parked
+        families whose children then run a few at a time. With FCFS the child
+        moves to the front of the waiting queue (with the priority policy its
+        parent's arrival time already orders it so)."""
+        queue = self.waiting
+        if isinstance(queue, deque) and queue and queue[-1] is child:
+            queue.pop()
+            queue.prepend_request(child)
 
     # ---------------------------------------------------------- scheduling
     def schedule(self, *args: Any, **kwargs: Any):
