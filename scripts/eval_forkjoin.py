@@ -196,9 +196,10 @@ def pressure_section(pressure: dict, native: dict, loop: dict, args) -> str:
 ### Under KV-cache pressure
 
 The same {args.n} problems in one batch with a {args.pressure_kv_mib} MiB KV cache
-({args.pressure_kv_mib * 8} blocks: fewer than the parents parked at the peak hold, up to
-743 parents of about two blocks each). Same tokens, same accuracy
-({np_['correct']} / {lp_['correct']} correct), but:
+({args.pressure_kv_mib * 8} blocks of 32 tokens; each parent holds about two
+while parked, and with the first version of the scheduler up to 743 were
+parked at once). Same tokens, same accuracy
+({np_['correct']} / {lp_['correct']} correct):
 
 | wall clock, all {args.n} in one batch (best of {args.rounds} x {args.repeats}) | native | client loop |
 | --- | --- | --- |
