@@ -1,0 +1,106 @@
+"""Smoke run of every benchmark workload (``python -m benchmarks --smoke``):
+the smallest sizes on the tiny model, one repeat. No timing assertions: the
+structure of the results and the invariants that must hold on any machine
+(same tokens everywhere; engine counters positive; native never prefills more
+than the client loop; engine steps equal to the critical path)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("bench-out")
+    cache = tmp_path_factory.mktemp("bench-models")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out),
+         "--cache-dir", str(cache)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads((out / "results-smoke.json").read_text()), out
+
+
+def test_outputs_written(smoke):
+    results, out = smoke
+    md = (out / "results-smoke.md").read_text()
+    for heading in ("## 1. Overhead", "## 2. Fork/join", "## 3. Parallel", "## 4. KV memory"):
+        assert heading in md
+    env = results["environment"]
+    assert env["command"].startswith("python -m benchmarks --smoke")
+    assert env["vllm"] and env["date"] and env["cpu"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (out / "forkjoin-smoke.png").stat().st_size > 10_000
+
+
+def test_overhead(smoke):
+    o = smoke[0]["workloads"]["overhead"]
+    assert set(o["configs"]) == {"stock", "stock_b", "off", "hooks"}
+    for c in o["configs"].values():
+        assert c["same_tokens"]
+        assert c["tokens_per_s"]["median"] > 0
+    assert set(o["ratios"]) >= {"stock_b/stock", "off/stock", "hooks/stock"}
+
+
+def test_forkjoin_native_vs_loops(smoke):
+    fj = smoke[0]["workloads"]["forkjoin"]
+    (point,) = fj["points"]
+    configs = point["configs"]
+    assert set(configs) == {"native", "loop", "eager", "lockstep"}
+    for name, c in configs.items():
+        assert c["correct"], name  # the same tokens as the script, everywhere
+        assert c["prefill_tokens"] > 0 and c["decode_tokens"] > 0 and c["steps"] > 0
+    native = configs["native"]
+    for name in ("loop", "eager", "lockstep"):
+        other = configs[name]
+        # Both sides sample the same tokens ...
+        assert native["decode_tokens"] == other["decode_tokens"], name
+        # ... and native never prefills more, nor takes more steps.
+        assert native["prefill_tokens"] <= other["prefill_tokens"], name
+        assert native["steps"] <= other["steps"], name
+    # At joins native prefills only <sync> and the merged tokens.
+    shape = {**fj["shape"], **{k: point[k] for k in ("k", "batch")}}
+    merged = shape["k"] * shape["child_tokens"] + (shape["k"] - 1)  # "\n" separators
+    assert native["join_prefill_tokens"] == shape["batch"] * (merged + 1)
+    assert native["join_prefill_tokens"] <= configs["loop"]["join_prefill_tokens"]
+    assert native["joins"] == shape["batch"]
+    assert native["children_spawned"] == shape["batch"] * shape["k"]
+    # The loop prefilled the merged tokens too, plus its partial last block.
+    assert configs["loop"]["join_prefill_tokens"] >= native["join_prefill_tokens"]
+    assert native["peak_parked_blocks"] > 0 and configs["loop"]["peak_parked_blocks"] == 0
+    r = point["ratios"]["native/loop"]
+    assert 0 < r["prefill_tokens"]["median"] <= 1
+
+
+def test_parallel_steps_follow_the_critical_path(smoke):
+    (p,) = smoke[0]["workloads"]["parallel"]["points"]
+    assert p["correct"]
+    assert p["critical_path"]["ratio"] > 1
+    # One family, short prompt: every child starts right after its
+    # </promise>, so the engine takes exactly the critical-path steps.
+    assert p["forked_steps"]["median"] == p["critical_path"]["forked"]
+    assert p["sequential_steps"]["median"] == p["critical_path"]["sequential"]
+
+
+def test_memory(smoke):
+    m = smoke[0]["workloads"]["memory"]
+    for part in ("ample", "tight"):
+        for name in ("native", "loop"):
+            assert m[part][name]["correct"], (part, name)
+            assert m[part][name]["peak_blocks_in_use"] > 0
+    assert m["ample"]["native"]["peak_parked_blocks"] > 0
+    assert m["tight"]["native"]["kv_blocks"] < m["ample"]["native"]["peak_blocks_in_use"]
+    assert m["tight"]["native"]["peak_blocks_in_use"] <= m["tight"]["native"]["kv_blocks"]
