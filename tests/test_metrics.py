@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 from vllm_seqhooks.metrics import PARK_BUCKETS, HookMetrics, SnapshotCollector, read_snapshots
 
@@ -43,7 +45,14 @@ def test_collector_exposition(tmp_path):
         m.observe_park(0.003)
         m.observe_park(1000.0)
         m.maybe_write(force=True)
-    (tmp_path / "engine-9-bad.json").write_text("{not json")  # ignored
+    (tmp_path / f"engine-9-{os.getpid()}.json").write_text("{not json")  # ignored
+    # a snapshot left by a process that is gone is stale
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = HookMetrics("7", "tiny", str(tmp_path))
+    stale.inc("children_spawned", 99)
+    stale.maybe_write(force=True)
+    stale._path.rename(tmp_path / f"engine-7-{dead.pid}.json")
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(tmp_path))
     text = generate_latest(registry).decode()
@@ -53,6 +62,7 @@ def test_collector_exposition(tmp_path):
     assert 'vllm:seqhooks_park_time_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 2.0' in text
     assert 'vllm:seqhooks_children_ended_total{engine="0",model_name="tiny",outcome="failed"} 0.0' in text
     assert "vllm:seqhooks_parked_requests" in text
+    assert 'engine="7"' not in text
     assert len(PARK_BUCKETS) + 1 == len(json.loads((tmp_path / next(
         p.name for p in tmp_path.iterdir() if p.name.startswith("engine-0"))).read_text())
         ["park_seconds"]["buckets"])

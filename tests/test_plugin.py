@@ -43,7 +43,12 @@ def test_no_hook_flag_changes_nothing(tiny_model_dir):
     assert not (ns.additional_config or {}).get("seqhooks")
 
 
-def test_flags_become_the_python_configuration(tiny_model_dir):
+def test_flags_become_the_python_configuration(tiny_model_dir, monkeypatch, tmp_path):
+    # parsing hook flags names a metrics directory in os.environ: keep it
+    # out of the servers later tests start (monkeypatch restores it)
+    from vllm_seqhooks.metrics import ENV_DIR
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
     from vllm_seqhooks import SpecialKwargs
     from vllm_seqhooks.llm import SCHEDULER_QUALNAME
 
@@ -68,7 +73,10 @@ def test_flags_become_the_python_configuration(tiny_model_dir):
     assert args.additional_config["seqhooks"] == got.to_dict()
 
 
-def test_conflicting_scheduler_is_an_error(tiny_model_dir, capsys):
+def test_conflicting_scheduler_is_an_error(tiny_model_dir, capsys, monkeypatch, tmp_path):
+    from vllm_seqhooks.metrics import ENV_DIR
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
     with pytest.raises(SystemExit) as exc:
         serve_parser().parse_args([tiny_model_dir, "--sync-token-id", "6",
                                    "--promise-token-id", "4", "--scheduler-cls",

@@ -180,9 +180,29 @@ class _PrometheusMirror:
                                  buckets=PARK_BUCKETS).labels(**labels)
 
 
+def _writer_alive(path: Path) -> bool:
+    """Snapshots are named ``engine-<engine>-<pid>.json``; a snapshot whose
+    process is gone (an engine that crashed or was killed without removing
+    it) is stale."""
+    try:
+        pid = int(path.stem.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def read_snapshots(directory: str | os.PathLike) -> list[dict[str, Any]]:
+    """The snapshots of the engines that are still running."""
     out = []
     for path in sorted(Path(directory).glob("engine-*.json")):
+        if not _writer_alive(path):
+            continue
         try:
             out.append(json.loads(path.read_text()))
         except (OSError, ValueError):
