@@ -139,7 +139,10 @@ def test_client_disconnect_aborts_the_family(server, tiny_model_dir, S):
         "vllm_xargs": {
             "seqhooks_script": S("<promise>a</promise><promise>b</promise><sync>"),
             "seqhooks_script_end": "free",
-            "seqhooks_child_max_tokens": 350,
+            # children are forced to write long outputs (never EOS), so the
+            # family stays parked for seconds even on a fast machine
+            "seqhooks_child_default_script": S("x") * 900,
+            "seqhooks_child_max_tokens": 900,
         },
     }
     with requests.post(url + "/v1/completions", json=body, stream=True, timeout=60) as r:
