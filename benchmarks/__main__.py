@@ -106,8 +106,9 @@ def profiles() -> dict[str, Profile]:
                 "engines": {"kv_tokens": 131072},
                 "forkjoin": {"shape": full_shape, "configs": ["native", "loop"],
                              "points": [
-                                 {"context": 4096, "k": 4, "batch": 16,
+                                 {"context": 1024, "k": 4, "batch": 16, "think": 64,
                                   "configs": ["native", "loop", "eager"]},
+                                 {"context": 4096, "k": 4, "batch": 16},
                                  {"context": 1024, "k": 4, "batch": 64},
                              ]},
             }),
@@ -128,6 +129,7 @@ def run(profile: Profile, workloads: list[str], out_dir: Path | None, argv: list
                repeats=profile.repeats)
     log(f"benchmarks ({profile.name}): {env['model']}; {env['cpu']}, {env['cores']} cores")
     bench = Bench(profile, log)
+    bench.prime()
     results: dict[str, Any] = {"environment": env, "workloads": {}}
     from benchmarks import forkjoin, memory, overhead, parallel
 
@@ -169,7 +171,10 @@ def run(profile: Profile, workloads: list[str], out_dir: Path | None, argv: list
             # The header stays the earlier run's; re-run sections name their
             # own command and date (report._measured).
             env_prev = dict(previous.get("environment", {}))
-            env_prev["updates"] = [*env_prev.get("updates", []), results["environment"]]
+            new_env = dict(results["environment"], workloads=list(workloads))
+            kept = [u for u in env_prev.get("updates", [])
+                    if not set(u.get("workloads", ())) <= set(workloads)]
+            env_prev["updates"] = [*kept, new_env]
             results["environment"] = env_prev
 
         paths = report.write(results, out_dir)
@@ -187,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--full", action="store_true", help="~100M model, the published grid")
     size.add_argument("--extra", action="store_true",
                       help="the grid points --full leaves out for time (batch 16 at 4,096 "
-                           "tokens, batch 64 at 1,024): ~20 min more")
+                           "tokens, batch 64 at 1,024, batch 16 with t=64): ~20 min more")
     size.add_argument("--smoke", action="store_true", help="smallest sizes (CI)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated subset of {','.join(WORKLOADS)}")

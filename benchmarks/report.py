@@ -101,9 +101,12 @@ def markdown(results: dict[str, Any], chart: str | None) -> str:
             f"`LLM.generate`; {o['configs']['stock']['tokens_per_s']['n']} repeats after one "
             "warm-up run per engine. Same output tokens in every configuration: "
             f"{'yes' if all(c['same_tokens'] for c in o['configs'].values()) else 'NO'}.\n")
+        add("Ratios are taken within each repeat; \"both stock engines\": against the mean "
+            "of `stock` and `stock_b` in that repeat, which cancels most of the difference "
+            "between two engine instances that the A/A row shows.\n")
         add("| configuration | output tokens/s | throughput / stock (wall) | "
-            "throughput / stock (CPU time) | goal |")
-        add("| --- | ---: | ---: | ---: | ---: |")
+            "throughput / stock (CPU time) | throughput / both stock engines | goal |")
+        add("| --- | ---: | ---: | ---: | ---: | ---: |")
         names = {"stock": "`vllm.LLM` (stock)",
                  "stock_b": "a second `vllm.LLM` (A/A control: the noise floor)",
                  "off": "`vllm_seqhooks.LLM`, no `special_kwargs`",
@@ -112,10 +115,26 @@ def markdown(results: dict[str, Any], chart: str | None) -> str:
         for name, c in o["configs"].items():
             ratio = o["ratios"].get(f"{name}/stock")
             ratio_cpu = o["ratios"].get(f"{name}/stock cpu")
+            pair = o["ratios"].get(f"{name}/stock pair")
             add(f"| {names[name]} | {_r(c['tokens_per_s'], 1)} | "
                 f"{_r(ratio) if ratio else '1'} | {_r(ratio_cpu) if ratio_cpu else '1'} | "
-                f"{goals[name]} |")
+                f"{_r(pair) if pair else '–'} | {goals[name]} |")
         add("")
+        sc = o.get("scheduler")
+        if sc:
+            add(f"Time in the scheduler (`schedule()` + `update_from_output()`, where all of "
+                f"the hook scheduler's code runs), per engine step, same runs again with a timer "
+                f"around both ({sc['repeats']} repeats):\n")
+            add("| configuration | scheduler µs / step | step (ms) | extra µs / step vs stock "
+                "| extra, share of a step |")
+            add("| --- | ---: | ---: | ---: | ---: |")
+            for name, c in sc["configs"].items():
+                extra = c.get("extra_us_per_step")
+                share = c.get("extra_share_of_step")
+                add(f"| {names[name]} | {_r(c['sched_us_per_step'], 0)} | "
+                    f"{_r(c['step_ms'], 1)} | {'–' if extra is None else f'{extra:+.0f}'} | "
+                    f"{'–' if share is None else f'{100 * share:+.2f}%'} |")
+            add("")
 
     if "forkjoin" in w:
         fj = w["forkjoin"]
@@ -342,7 +361,8 @@ def chart(results: dict[str, Any], path: Path) -> bool:
     mem = w.get("memory")
     if o:
         names = [n for n in ("stock_b/stock", "off/stock", "hooks/stock") if n in o["ratios"]]
-        vals = [o["ratios"][n] for n in names]
+        vals = [o["ratios"].get(f"{n} pair", o["ratios"][n]) if n != "stock_b/stock"
+                else o["ratios"][n] for n in names]
         xs = list(range(len(names)))
         ax.bar(xs, [v["median"] for v in vals], 0.5,
                yerr=list(zip(*[err(v) for v in vals])), capsize=4,
@@ -350,11 +370,13 @@ def chart(results: dict[str, Any], path: Path) -> bool:
         ax.axhline(0.99, color="C0", ls=":", lw=1, label="goal 0.99 (hooks off)")
         ax.axhline(0.97, color="C1", ls=":", lw=1, label="goal 0.97 (hooks on, unused)")
         ax.axhline(1.0, color="grey", lw=1, ls="--")
-        xl = {"stock_b/stock": "stock again (A/A)", "off/stock": "LLM, no special_kwargs",
-              "hooks/stock": "hooks on, unused"}
+        xl = {"stock_b/stock": "stock engine B / A (A/A)",
+              "off/stock": "LLM, no special_kwargs\n/ both stock engines",
+              "hooks/stock": "hooks on, unused\n/ both stock engines"}
         ax.set_xticks(xs, [xl[n] for n in names], fontsize=8)
         lo = min(v["min"] for v in vals)
-        ax.set_ylim(min(0.9, lo - 0.02), 1.05)
+        hi = max(v["max"] for v in vals)
+        ax.set_ylim(min(0.9, lo - 0.02), max(1.05, hi + 0.01))
         ax.set_ylabel("output tokens/s, ratio to stock vLLM")
         title = "Overhead when hooks are unused"
         if mem and "native/loop" in mem.get("tight", {}):
