@@ -162,6 +162,8 @@ def make_engine(kind: str, profile: "Profile", *, kv_tokens: int, scripted: bool
         return LLM(model, **kw)
     if kind == "hooks":
         return LLM(model, special_kwargs=hook_settings(), **kw)
+    if kind == "hooks-arrival":
+        return LLM(model, special_kwargs={**hook_settings(), "batch_order": "arrival"}, **kw)
     raise ValueError(kind)
 
 

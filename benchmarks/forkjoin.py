@@ -41,7 +41,7 @@ from benchmarks.common import (
 )
 from benchmarks.loop import EventLoopClient, ScriptedClientLoop, run_native
 
-CONFIGS = ("native", "loop", "eager", "lockstep")
+CONFIGS = ("native", "loop", "eager", "lockstep", "arrival")
 
 
 def engines(bench: Bench) -> tuple[Any, Any]:
@@ -93,7 +93,7 @@ def run_one(bench: Bench, config: str, fams, *, engine_names=("native", "stock_s
             ) -> dict[str, Any]:
     """One run of ``fams`` through ``config``; returns its measurements."""
     native_name, stock_name = engine_names
-    name = native_name if config == "native" else stock_name
+    name = {"native": native_name, "arrival": "native_arrival"}.get(config, stock_name)
     llm = bench.engines[name]
     probe = bench.probes[name]
     prompts = [f.prompt for f in fams]
@@ -103,7 +103,7 @@ def run_one(bench: Bench, config: str, fams, *, engine_names=("native", "stock_s
     cpu0 = time.process_time()
     join_prefill: int | None = None
     extra: dict[str, Any] = {}
-    if config == "native":
+    if config in ("native", "arrival"):
         sched = probe.sched
         before = sched.hook_stats
         secs, outs, finish = run_native(llm, prompts, params)
@@ -206,6 +206,12 @@ def run(bench: Bench) -> dict[str, Any]:
     for spec in st["points"]:
         point = {**st["shape"], **spec}
         configs = [c for c in spec.get("configs", st["configs"])]
+        if "arrival" in configs and "native_arrival" not in bench.engines:
+            # native hooks with vLLM's own batch order (no family grouping)
+            bench.engine("native_arrival", "hooks-arrival",
+                         kv_tokens=bench.profile.settings["engines"]["kv_tokens"], scripted=True)
+            bench.probe("native_arrival", track_parked=True)
+            run_one(bench, "arrival", families(WARM_UP, -1, sep))  # warm-up, unmeasured
         repeats = spec.get("repeats", bench.profile.repeats)
         bench.log(f"  forkjoin context={point['context']} k={point['k']} "
                   f"batch={point['batch']} m={point['child_tokens']} "

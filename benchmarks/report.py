@@ -14,6 +14,7 @@ CONFIG_LABELS = {
     "loop": "client loop (children at <sync>)",
     "eager": "streaming client loop (children at </promise>)",
     "lockstep": "ClientLoop (lockstep rounds)",
+    "arrival": "native hooks, vLLM's batch order (batch_order=\"arrival\")",
 }
 
 
@@ -181,7 +182,8 @@ def markdown(results: dict[str, Any], chart: str | None) -> str:
                 "project's `vllm_seqhooks.client_loop.ClientLoop` (one blocking "
                 "`LLM.generate` call per round for all parents, then one for all children; "
                 "run through `benchmarks.loop.ScriptedClientLoop`, which only adds the "
-                "scripted-token keys).\n")
+                "scripted-token keys). `arrival`: native hooks with `batch_order=\"arrival\"`, "
+                "i.e. without the grouping of each family in the model's batch.\n")
             add("| point | configuration | latency (s) | native / this: latency | CPU time | "
                 "prefilled | engine steps |")
             add("| --- | --- | ---: | ---: | ---: | ---: | ---: |")

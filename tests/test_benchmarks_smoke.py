@@ -59,7 +59,7 @@ def test_forkjoin_native_vs_loops(smoke):
     fj = smoke[0]["workloads"]["forkjoin"]
     (point,) = fj["points"]
     configs = point["configs"]
-    assert set(configs) == {"native", "loop", "eager", "lockstep"}
+    assert set(configs) == {"native", "loop", "eager", "lockstep", "arrival"}
     for name, c in configs.items():
         assert c["correct"], name  # the same tokens as the script, everywhere
         assert c["prefill_tokens"] > 0 and c["decode_tokens"] > 0 and c["steps"] > 0
@@ -83,6 +83,10 @@ def test_forkjoin_native_vs_loops(smoke):
     assert native["peak_parked_blocks"] > 0 and configs["loop"]["peak_parked_blocks"] == 0
     r = point["ratios"]["native/loop"]
     assert 0 < r["prefill_tokens"]["median"] <= 1
+    # The batch order changes where requests sit in the batch, not what is computed.
+    arrival = configs["arrival"]
+    for key in ("prefill_tokens", "decode_tokens", "steps", "join_prefill_tokens"):
+        assert arrival[key] == native[key], key
 
 
 def test_parallel_steps_follow_the_critical_path(smoke):

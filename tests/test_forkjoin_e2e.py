@@ -312,3 +312,45 @@ def test_seeded_sampling_children_are_deterministic(engines):
     assert t1.outputs[0].text == t2.outputs[0].text
     o = [c["output_token_ids"] for c in t1.hook_trace["children"]]
     assert len(o) == 2 and all(len(x) == 6 for x in o)
+
+
+def test_families_are_contiguous_in_the_model_batch(engines):
+    """Children start at their own </promise>, so with several parents the
+    arrival order interleaves families (child 0 of each, then child 1 ...);
+    with batch_order="family" (the default) the model runner's batch keeps
+    each family together, and the outputs are unchanged."""
+    from vllm_seqhooks.batch_order import family_of
+    from vllm_seqhooks.testing.forkjoin import model_runner_of
+
+    hooked, stock, S = engines
+    runner = model_runner_of(hooked)
+    seen: list[tuple[list[str], list[str]]] = []
+
+    def record(scheduler_output, _cls=type(runner)):
+        before = list(runner.input_batch.req_ids[: runner.input_batch.num_reqs])
+        _cls._may_reorder_batch(runner, scheduler_output)
+        seen.append((before, list(runner.input_batch.req_ids[: runner.input_batch.num_reqs])))
+
+    script = "a<promise>x</promise>b<promise>y</promise>c<promise>z</promise><sync>e"
+    children = {"0": "A" * 12, "1": "B" * 12, "2": "C" * 12}
+    runner._may_reorder_batch = record
+    try:
+        outs = gen(hooked, [f"family {i}: " for i in range(4)], S.params(script, children))
+    finally:
+        del runner._may_reorder_batch
+    expected = S.text(S("a<promise>x</promise>b<promise>y</promise>c<promise>z</promise><sync>"
+                        + "A" * 12 + "\n" + "B" * 12 + "\n" + "C" * 12 + "e"))
+    assert [o.outputs[0].text for o in outs] == [expected] * 4
+
+    def grouped(ids):
+        fams = [family_of(r) for r in ids]
+        runs = [f for i, f in enumerate(fams) if i == 0 or fams[i - 1] != f]
+        return len(runs) == len(set(runs))
+
+    assert seen
+    assert any(not grouped(before) for before, _ in seen), "no step was interleaved"
+    assert all(grouped(after) for _, after in seen), [a for _, a in seen if not grouped(a)]
+    assert all(sorted(b) == sorted(a) for b, a in seen)
+    # the stock engine in the same process keeps vLLM's order
+    assert model_runner_of(stock).__dict__.get("_seqhooks_family_order") in (None, False)
+    assert_engine_idle(hooked)

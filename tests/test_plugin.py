@@ -56,7 +56,7 @@ def test_flags_become_the_python_configuration(tiny_model_dir, monkeypatch, tmp_
         tiny_model_dir, "--sync-token", "<sync>", "--promise-token-id", "4",
         "--promise-end-token", "</promise>", "--child-context", "payload",
         "--child-prompt-template", "Task: {payload}\n", "--max-child-depth", "2",
-        "--child-max-tokens", "64", "--merge-separator", " | ",
+        "--child-max-tokens", "64", "--merge-separator", " | ", "--batch-order", "arrival",
         "--additional-config", '{"other": 1}',
     ])
     assert ns.scheduler_cls == SCHEDULER_QUALNAME
@@ -65,6 +65,7 @@ def test_flags_become_the_python_configuration(tiny_model_dir, monkeypatch, tmp_
     assert (got.sync_token_id, got.promise_token_id, got.promise_end_token_id) == (6, 4, 5)
     assert got.child_context == "payload" and got.max_child_depth == 2
     assert got.child_max_tokens == 64 and got.merge_separator == " | "
+    assert got.batch_order == "arrival"
     assert got.is_resolved and got.child_prompt_prefix_token_ids
     from vllm.engine.arg_utils import AsyncEngineArgs
 

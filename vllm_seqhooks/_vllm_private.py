@@ -90,6 +90,18 @@ ENGINE_CORE_OUTPUT_FIELDS = (
 )
 
 
+#: The V1 model runner (GPU with VLLM_USE_V2_MODEL_RUNNER=0, and the CPU
+#: runner, its subclass): the per-step batch reordering hook wrapped by
+#: :func:`install_family_batch_order`, and the InputBatch API it uses.
+MODEL_RUNNER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("_may_reorder_batch", ("self", "scheduler_output")),
+)
+INPUT_BATCH_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("swap_states", ("self", "i1", "i2")),
+)
+INPUT_BATCH_PROPERTIES = ("req_ids", "num_reqs")
+
+
 class VllmPrivateAPIError(ImportError):
     """The installed vLLM does not match what vllm_seqhooks was built on."""
 
@@ -157,3 +169,75 @@ def check() -> None:
             "vllm_seqhooks cannot run on this vLLM:\n  - " + "\n  - ".join(found)
         )
     _checked = True
+
+
+def model_runner_problems() -> list[str]:
+    """Like :func:`problems`, for the model-runner names (imported only in
+    the processes that run a model)."""
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    found: list[str] = []
+    for cls, methods in ((GPUModelRunner, MODEL_RUNNER_METHODS), (InputBatch, INPUT_BATCH_METHODS)):
+        for name, params in methods:
+            fn = getattr(cls, name, None)
+            if fn is None:
+                found.append(f"{cls.__name__}.{name} is missing")
+                continue
+            got = tuple(inspect.signature(fn).parameters)
+            if got != params:
+                found.append(f"{cls.__name__}.{name}{got} != expected {params}")
+    for name in INPUT_BATCH_PROPERTIES:
+        if not isinstance(getattr(InputBatch, name, None), property):
+            found.append(f"InputBatch.{name} is no longer a property")
+    src = inspect.getsource(GPUModelRunner._update_states)
+    if "self._may_reorder_batch(" not in src:
+        found.append("GPUModelRunner._update_states no longer calls _may_reorder_batch")
+    return found
+
+
+_FAMILY_ORDER_MARK = "_seqhooks_family_order"
+
+
+def install_family_batch_order() -> bool:
+    """Wrap ``GPUModelRunner._may_reorder_batch`` (once per process) so that,
+    in engines whose hooks ask for ``batch_order="family"``, each fork/join
+    family is contiguous in the persistent batch before the attention
+    backend's own reordering runs (see :mod:`vllm_seqhooks.batch_order`).
+    Engines without hooks in the same process are untouched (the setting is
+    read from each runner's ``vllm_config.additional_config``). Returns
+    False, logging why, when the installed vLLM does not have what it needs:
+    the batch then keeps vLLM's order, and nothing else changes."""
+    import logging
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_seqhooks.batch_order import grouping_swaps
+    from vllm_seqhooks.config import ADDITIONAL_CONFIG_KEY
+
+    original = GPUModelRunner._may_reorder_batch
+    if getattr(original, _FAMILY_ORDER_MARK, False):
+        return True
+    found = model_runner_problems()
+    if found:
+        logging.getLogger("vllm.seqhooks").warning(
+            "vllm-seqhooks: not grouping families in the batch: %s", "; ".join(found))
+        return False
+
+    def _may_reorder_batch(self, scheduler_output):
+        enabled = self.__dict__.get(_FAMILY_ORDER_MARK)
+        if enabled is None:
+            extra = getattr(self.vllm_config, "additional_config", None) or {}
+            hooks = extra.get(ADDITIONAL_CONFIG_KEY) if isinstance(extra, dict) else None
+            enabled = bool(hooks) and hooks.get("batch_order", "family") == "family"
+            self.__dict__[_FAMILY_ORDER_MARK] = enabled
+        if enabled:
+            batch = self.input_batch
+            for i, j in grouping_swaps(batch.req_ids[: batch.num_reqs]):
+                batch.swap_states(i, j)
+        return original(self, scheduler_output)
+
+    setattr(_may_reorder_batch, _FAMILY_ORDER_MARK, True)
+    _may_reorder_batch.__wrapped__ = original  # type: ignore[attr-defined]
+    GPUModelRunner._may_reorder_batch = _may_reorder_batch  # type: ignore[method-assign]
+    return True

@@ -19,6 +19,7 @@ ADDITIONAL_CONFIG_KEY = "seqhooks"
 
 CHILD_CONTEXTS = ("fork", "payload")
 MERGE_STRATEGIES = ("concatenate", "none")
+BATCH_ORDERS = ("family", "arrival")
 PAYLOAD_PLACEHOLDER = "{payload}"
 
 
@@ -68,8 +69,8 @@ class SpecialKwargs:
 
     Give each hook token either as an id (``sync_token_id=``) or as a token
     string (``sync_token="<sync>"``) that :meth:`resolve` turns into an id
-    through the model's tokenizer. See ``docs/configuration.md`` for the
-    meaning of every field.
+    through the model's tokenizer. The README's configuration table gives
+    the meaning of every field.
     """
 
     sync_token_id: int | None = None
@@ -86,6 +87,7 @@ class SpecialKwargs:
     max_children_per_request: int = 16
     child_max_tokens: int | None = None
     failed_child_marker: str | None = None
+    batch_order: str = "family"
     # Filled in by resolve(); part of the JSON form so that the engine does not
     # need to tokenize again.
     merge_separator_token_ids: tuple[int, ...] | None = field(default=None)
@@ -148,6 +150,10 @@ class SpecialKwargs:
             raise SpecialKwargsError(
                 f"merge_strategy must be one of {MERGE_STRATEGIES}, "
                 f"got {self.merge_strategy!r}"
+            )
+        if self.batch_order not in BATCH_ORDERS:
+            raise SpecialKwargsError(
+                f"batch_order must be one of {BATCH_ORDERS}, got {self.batch_order!r}"
             )
         if not isinstance(self.merge_separator, str):
             raise SpecialKwargsError(

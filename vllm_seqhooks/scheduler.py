@@ -139,6 +139,15 @@ class SeqHooksMixin:
             hooks = _resolve_in_engine(hooks, vllm_config)
         hooks.check_vocab(vllm_config.model_config.get_vocab_size())
         self.hooks = hooks
+        if hooks.batch_order == "family":
+            if getattr(self, "use_v2_model_runner", False):
+                logger.info("vllm-seqhooks: batch_order='family' applies to vLLM's V1 "
+                            "model runner; the V2 runner keeps its own order")
+            else:
+                # the model runner of this engine runs in this process with
+                # one worker; with several worker processes their batches
+                # keep vLLM's order
+                _vllm_private.install_family_batch_order()
         self.deps = DependencyManager()
         self._hook_states: dict[str, _HookState] = {}
         #: Ids of live child requests (outputs filtered from EngineCore).

@@ -82,6 +82,11 @@ def engine_core_of(llm: Any):
     return inner
 
 
+def model_runner_of(llm: Any):
+    """The model runner of an in-process engine with one worker."""
+    return engine_core_of(llm).model_executor.driver_worker.worker.model_runner
+
+
 def scheduler_of(llm: Any):
     return engine_core_of(llm).scheduler
 

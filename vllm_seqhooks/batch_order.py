@@ -1,0 +1,60 @@
+"""Keep each fork/join family together in the model's batch (pure logic).
+
+A request's children start one by one, at their own ``</promise>``. When many
+requests fork at once their first children arrive in the same step, then
+their second children, and so on, so vLLM's persistent batch (new requests
+fill free slots in arrival order) interleaves the families: child 0 of every
+family, then child 1 of every family, ... Siblings read the same KV blocks
+(their parent's context, shared through the prefix cache), and an attention
+kernel that walks the batch in order reuses those blocks from the CPU caches
+only when siblings are neighbours. Measured on the CPU backend (one decode
+step of 16 families x 4 children with 1,024-token contexts, the same
+attention call replayed with its rows reordered): interleaved 10.0 ms per
+layer, families grouped 5.0 ms. See docs/benchmarks/README.md.
+
+:func:`grouping_swaps` computes the swaps that group a batch by family
+(the top-level request and all its descendants), keeping the families in
+the order of their first member and each family's members in their current
+order. ``_vllm_private.install_family_batch_order`` applies them in the
+model runner before each step. No vLLM import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vllm_seqhooks.dependencies import CHILD_ID_MARKER
+
+
+def family_of(request_id: str) -> str:
+    """The id of the top-level request a (child) request descends from."""
+    return request_id.split(CHILD_ID_MARKER, 1)[0]
+
+
+def grouping_swaps(request_ids: Sequence[str]) -> list[tuple[int, int]]:
+    """Swaps ``(i, j)``, applied in order, that make every family contiguous.
+
+    Families keep the order of their first member in ``request_ids``; members
+    keep their relative order. Empty when the batch is already grouped (the
+    usual case once a family's children have all started), so a step costs
+    one pass over the ids.
+    """
+    groups: dict[str, list[int]] = {}
+    for index, rid in enumerate(request_ids):
+        groups.setdefault(family_of(rid), []).append(index)
+    if len(groups) == len(request_ids):
+        return []
+    target = [index for members in groups.values() for index in members]
+    # position -> original index now there, and the inverse
+    at = list(range(len(request_ids)))
+    where = list(range(len(request_ids)))
+    swaps: list[tuple[int, int]] = []
+    for pos, wanted in enumerate(target):
+        src = where[wanted]
+        if src == pos:
+            continue
+        displaced = at[pos]
+        swaps.append((pos, src))
+        at[pos], at[src] = wanted, displaced
+        where[wanted], where[displaced] = pos, src
+    return swaps
