@@ -89,3 +89,67 @@ def test_batch_order_setting_is_validated():
     assert SpecialKwargs(sync_token_id=1, promise_token_id=2, batch_order="arrival").batch_order == "arrival"
     with pytest.raises(SpecialKwargsError, match="batch_order"):
         SpecialKwargs(sync_token_id=1, promise_token_id=2, batch_order="random")
+
+
+class _FakeBatch:
+    def __init__(self, ids):
+        self._ids = list(ids)
+        self.swaps = []
+
+    @property
+    def req_ids(self):
+        return self._ids
+
+    @property
+    def num_reqs(self):
+        return len(self._ids)
+
+    def swap_states(self, i1, i2):
+        self.swaps.append((i1, i2))
+        self._ids[i1], self._ids[i2] = self._ids[i2], self._ids[i1]
+
+
+class _FakeRunner:
+    def __init__(self, additional_config, ids):
+        from types import SimpleNamespace
+
+        self.vllm_config = SimpleNamespace(additional_config=additional_config)
+        self.kv_cache_config = SimpleNamespace(kv_cache_groups=[])  # vLLM's part returns early
+        self.input_batch = _FakeBatch(ids)
+
+
+@pytest.mark.parametrize("extra, grouped", [
+    ({"seqhooks": {"sync_token_id": 1, "promise_token_id": 2}}, True),
+    ({"seqhooks": {"sync_token_id": 1, "promise_token_id": 2, "batch_order": "arrival"}}, False),
+    ({}, False),  # a stock engine in the same process
+    (None, False),
+])
+def test_installed_model_runner_hook_groups_only_engines_that_ask(extra, grouped):
+    import vllm_seqhooks.worker  # noqa: F401 - importing installs the hook
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert getattr(GPUModelRunner._may_reorder_batch, "_seqhooks_family_order", False)
+    ids = ["a", "b", f"a{M}0", f"b{M}0"]
+    runner = _FakeRunner(extra, ids)
+    for _ in range(2):  # the second step finds the batch grouped already
+        GPUModelRunner._may_reorder_batch(runner, None)
+    if grouped:
+        assert runner.input_batch.req_ids == ["a", f"a{M}0", "b", f"b{M}0"]
+        assert runner.input_batch.swaps == [(1, 2)]  # one swap, and none in the second step
+    else:
+        assert runner.input_batch.req_ids == ids and runner.input_batch.swaps == []
+
+
+def test_engines_with_hooks_load_the_worker_extension():
+    from vllm_seqhooks.config import SpecialKwargs
+    from vllm_seqhooks.llm import WORKER_EXTENSION_QUALNAME, engine_kwargs_for_hooks
+
+    hooks = SpecialKwargs(sync_token_id=1, promise_token_id=2, merge_separator_token_ids=[3])
+    assert engine_kwargs_for_hooks(hooks, {})["worker_extension_cls"] == WORKER_EXTENSION_QUALNAME
+    # a user's own extension is kept (the scheduler then installs the order)
+    assert engine_kwargs_for_hooks(hooks, {"worker_extension_cls": "my.Ext"})[
+        "worker_extension_cls"] == "my.Ext"
+    module, name = WORKER_EXTENSION_QUALNAME.rsplit(".", 1)
+    import importlib
+
+    assert isinstance(getattr(importlib.import_module(module), name), type)

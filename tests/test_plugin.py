@@ -60,6 +60,7 @@ def test_flags_become_the_python_configuration(tiny_model_dir, monkeypatch, tmp_
         "--additional-config", '{"other": 1}',
     ])
     assert ns.scheduler_cls == SCHEDULER_QUALNAME
+    assert ns.worker_extension_cls == "vllm_seqhooks.worker.SeqHooksWorkerExtension"
     assert ns.additional_config["other"] == 1
     got = SpecialKwargs.from_additional_config(ns.additional_config)
     assert (got.sync_token_id, got.promise_token_id, got.promise_end_token_id) == (6, 4, 5)

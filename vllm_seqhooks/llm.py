@@ -20,6 +20,8 @@ from vllm_seqhooks.trace import attach_traces
 from vllm_seqhooks.validation import with_validator
 
 SCHEDULER_QUALNAME = "vllm_seqhooks.scheduler.SeqHooksScheduler"
+#: Imported by vLLM in each worker process of an engine with hooks (see worker.py).
+WORKER_EXTENSION_QUALNAME = "vllm_seqhooks.worker.SeqHooksWorkerExtension"
 
 
 def load_tokenizer(model: str, **engine_kwargs: Any):
@@ -48,6 +50,8 @@ def engine_kwargs_for_hooks(
         )
     out = dict(engine_kwargs)
     out["scheduler_cls"] = SCHEDULER_QUALNAME
+    if not out.get("worker_extension_cls"):
+        out["worker_extension_cls"] = WORKER_EXTENSION_QUALNAME
     out["logits_processors"] = with_validator(engine_kwargs.get("logits_processors"))
     out["additional_config"] = hooks.to_additional_config(
         engine_kwargs.get("additional_config")

@@ -169,7 +169,7 @@ def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
     if getattr(namespace, "_seqhooks_applied", False):
         return SpecialKwargs.from_additional_config(namespace.additional_config)
     hooks = SpecialKwargs.from_dict(given)
-    from vllm_seqhooks.llm import SCHEDULER_QUALNAME, load_tokenizer
+    from vllm_seqhooks.llm import SCHEDULER_QUALNAME, WORKER_EXTENSION_QUALNAME, load_tokenizer
     from vllm_seqhooks.validation import with_validator
 
     model = getattr(namespace, "model_tag", None) or getattr(namespace, "model", None)
@@ -194,6 +194,8 @@ def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
             "which install their own scheduler"
         )
     namespace.scheduler_cls = SCHEDULER_QUALNAME
+    if not getattr(namespace, "worker_extension_cls", None):
+        namespace.worker_extension_cls = WORKER_EXTENSION_QUALNAME
     namespace.logits_processors = with_validator(getattr(namespace, "logits_processors", None))
     namespace.additional_config = hooks.to_additional_config(
         getattr(namespace, "additional_config", None)
