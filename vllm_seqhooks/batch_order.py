@@ -10,7 +10,8 @@ kernel that walks the batch in order reuses those blocks from the CPU caches
 only when siblings are neighbours. Measured on the CPU backend (one decode
 step of 16 families x 4 children with 1,024-token contexts, the same
 attention call replayed with its rows reordered): interleaved 10.0 ms per
-layer, families grouped 5.0 ms. See docs/benchmarks/README.md.
+layer, families grouped 5.0 ms (``python -m benchmarks.attention_order``;
+docs/benchmarks/attention_order.md and README.md).
 
 :func:`grouping_swaps` computes the swaps that group a batch by family
 (the top-level request and all its descendants), keeping the families in
