@@ -70,3 +70,34 @@ def test_hooks_in_the_default_multiprocess_engine(tiny_model_dir, tiny_llm_kwarg
     chat = llm.chat([{"role": "user", "content": "hi"}],
                     S.params("<promise>q</promise><sync>", {"0": "Z"}), use_tqdm=False)[0]
     assert chat.outputs[0].text == "<promise>q</promise><sync>Z"
+
+
+def test_hooks_with_two_tensor_parallel_worker_processes(tiny_model_dir, tiny_llm_kwargs,
+                                                         monkeypatch):
+    """Tensor parallelism: the model runs in two worker processes beside
+    EngineCore. Fork/join still merges correctly, and both workers keep
+    families together in their batches (they load the hook worker extension)."""
+    from vllm_seqhooks import LLM
+    from vllm_seqhooks.testing.forkjoin import Scripts
+    from vllm_seqhooks.testing.scripted import SCRIPTED_LOGITS_PROCESSOR_FQCN
+
+    # the CPU backend binds each worker to its own cores (one each here)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(callable)
+    kwargs = {k: v for k, v in tiny_llm_kwargs.items() if k != "model"}
+    llm = LLM(tiny_model_dir, special_kwargs={"sync_token": "<sync>", "promise_token": "<promise>",
+                                              "promise_end_token": "</promise>"},
+              logits_processors=[SCRIPTED_LOGITS_PROCESSOR_FQCN], tensor_parallel_size=2,
+              distributed_executor_backend="mp", **kwargs)
+    try:
+        S = Scripts(llm.get_tokenizer())
+        params = S.params("a<promise>x</promise>b<promise>y</promise><sync>e",
+                          {"0": "AAAA", "1": "BBBBB"})
+        outs = llm.generate([f"tp {i}" for i in range(3)], params, use_tqdm=False)
+        assert [o.outputs[0].text for o in outs] == [
+            "a<promise>x</promise>b<promise>y</promise><sync>AAAA\nBBBBBe"] * 3
+        flags = llm.collective_rpc(
+            lambda self: self.model_runner.__dict__.get("_seqhooks_family_order"))
+        assert flags == [True, True]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
