@@ -106,6 +106,19 @@ class VllmPrivateAPIError(ImportError):
     """The installed vLLM does not match what vllm_seqhooks was built on."""
 
 
+def _method_problems(cls: type, methods: tuple[tuple[str, tuple[str, ...]], ...]) -> list[str]:
+    found = []
+    for name, params in methods:
+        fn = getattr(cls, name, None)
+        if fn is None:
+            found.append(f"{cls.__name__}.{name} is missing")
+            continue
+        got = tuple(inspect.signature(fn).parameters)
+        if got != params:
+            found.append(f"{cls.__name__}.{name}{got} != expected {params}")
+    return found
+
+
 def problems() -> list[str]:
     """Everything that differs from the pinned vLLM (empty when all is well)."""
     import vllm
@@ -121,14 +134,7 @@ def problems() -> list[str]:
             f"vLLM {version} is installed; vllm-seqhooks is pinned to "
             f"{PINNED_VLLM_VERSION}"
         )
-    for name, params in SCHEDULER_METHODS:
-        fn = getattr(Scheduler, name, None)
-        if fn is None:
-            found.append(f"Scheduler.{name} is missing")
-            continue
-        got = tuple(inspect.signature(fn).parameters)
-        if got != params:
-            found.append(f"Scheduler.{name}{got} != expected {params}")
+    found += _method_problems(Scheduler, SCHEDULER_METHODS)
     if not issubclass(AsyncScheduler, Scheduler):
         found.append("AsyncScheduler is no longer a Scheduler subclass")
     init_src = inspect.getsource(Scheduler.__init__)
@@ -177,16 +183,8 @@ def model_runner_problems() -> list[str]:
     from vllm.v1.worker.gpu_input_batch import InputBatch
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    found: list[str] = []
-    for cls, methods in ((GPUModelRunner, MODEL_RUNNER_METHODS), (InputBatch, INPUT_BATCH_METHODS)):
-        for name, params in methods:
-            fn = getattr(cls, name, None)
-            if fn is None:
-                found.append(f"{cls.__name__}.{name} is missing")
-                continue
-            got = tuple(inspect.signature(fn).parameters)
-            if got != params:
-                found.append(f"{cls.__name__}.{name}{got} != expected {params}")
+    found = _method_problems(GPUModelRunner, MODEL_RUNNER_METHODS)
+    found += _method_problems(InputBatch, INPUT_BATCH_METHODS)
     for name in INPUT_BATCH_PROPERTIES:
         if not isinstance(getattr(InputBatch, name, None), property):
             found.append(f"InputBatch.{name} is no longer a property")
