@@ -144,9 +144,9 @@ class SeqHooksMixin:
                 logger.info("vllm-seqhooks: batch_order='family' applies to vLLM's V1 "
                             "model runner; the V2 runner keeps its own order")
             else:
-                # the model runner of this engine runs in this process with
-                # one worker; with several worker processes their batches
-                # keep vLLM's order
+                # covers a model runner in this process (one worker); worker
+                # processes install it when they import the hook worker
+                # extension (vllm_seqhooks.worker)
                 _vllm_private.install_family_batch_order()
         self.deps = DependencyManager()
         self._hook_states: dict[str, _HookState] = {}
