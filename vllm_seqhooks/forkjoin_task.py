@@ -82,8 +82,8 @@ ENGINE_KWARGS: dict[str, Any] = dict(
 
 
 def model_dir() -> Path:
-    """The embedded trained model (``$VLLM_SEQHOOKS_FORKJOIN_MODEL`` overrides)."""
-    env = os.environ.get("VLLM_SEQHOOKS_FORKJOIN_MODEL")
+    """The embedded trained model (``$SEQHOOKS_FORKJOIN_MODEL`` overrides)."""
+    env = os.environ.get("SEQHOOKS_FORKJOIN_MODEL")
     return Path(env) if env else MODEL_DIR
 
 

@@ -3,7 +3,7 @@
 The scheduler lives in EngineCore's process; vLLM's ``/metrics`` is served by
 the API server process(es). The scheduler keeps its counters, gauges and the
 park-time histogram in a :class:`HookMetrics` and, when the environment
-variable ``VLLM_SEQHOOKS_METRICS_DIR`` names a directory, writes a JSON
+variable ``SEQHOOKS_METRICS_DIR`` names a directory, writes a JSON
 snapshot there (atomically, at most every 0.25 s, and whenever the engine
 runs out of requests). A :class:`SnapshotCollector`, registered in the API
 server's Prometheus registry by the ``vllm serve`` plugin, reads the
@@ -27,7 +27,7 @@ from bisect import bisect_left
 from pathlib import Path
 from typing import Any, Iterator
 
-ENV_DIR = "VLLM_SEQHOOKS_METRICS_DIR"
+ENV_DIR = "SEQHOOKS_METRICS_DIR"
 PREFIX = "vllm:seqhooks_"
 PARK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 30.0, 60.0, 120.0, 300.0)

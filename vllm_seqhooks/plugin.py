@@ -212,7 +212,7 @@ _collector_installed = False
 def enable_metrics() -> None:
     """Export the scheduler's metrics on the API server's ``/metrics``.
 
-    Names a snapshot directory for the engines (``VLLM_SEQHOOKS_METRICS_DIR``,
+    Names a snapshot directory for the engines (``SEQHOOKS_METRICS_DIR``,
     inherited by the EngineCore processes started after this) and registers
     a collector over it in this process's Prometheus registry."""
     from vllm_seqhooks.metrics import ENV_DIR
