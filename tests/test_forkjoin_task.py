@@ -147,3 +147,18 @@ def test_trained_model_end_to_end_native_and_client_loop():
         assert res.finish_reason == out.outputs[0].finish_reason
         assert len(res.children) == len(p.chunks)
         assert res.rounds == (2 if p.chunks else 1)
+
+
+@pytest.mark.parametrize("extra", [[], ["--scripted"]])
+def test_readme_main_command_runs(extra):
+    """The README's first command after setup: `python -m vllm_seqhooks`
+    (the trained model) and its `--scripted` demo, as a user runs them."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "vllm_seqhooks", *extra],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if not extra:
+        assert "5/5 correct" in proc.stdout, proc.stdout[-2000:]
+    assert "<sync>" in proc.stdout and "join of" in proc.stdout, proc.stdout[-2000:]
