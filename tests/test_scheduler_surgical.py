@@ -809,6 +809,49 @@ def test_memory_pressure_spills_parked_parents(async_sched, policy):
     assert_clean(ref, ref_free)
 
 
+def _idle_holder_run(async_sched: bool, num_blocks: int):
+    h = SchedHarness(async_sched, block_size=16, num_blocks=num_blocks, max_model_len=160,
+                     max_num_seqs=16, max_num_batched_tokens=512, include_finished_set=True)
+    spills = []
+    spill = h.sched._spill
+
+    def spy(st):
+        spills.append((st.request.request_id, len(h.sched.running)))
+        return spill(st)
+
+    h.sched._spill = spy
+    initial_free = h.free_blocks()
+    for i, rid in enumerate(("a", "b", "c", "d")):
+        h.add(rid, prompt(64, base=30 + i), max_tokens=40,
+              script=[40, P, 41, E, P, 42, E, S, 44, EOS])
+        for k in range(2):
+            h.scripts[child_id(rid, k)] = [50 + i] + [60 + (j % 30) for j in range(24)] + [EOS]
+    steps = h.run(max_steps=600)
+    return h, initial_free, steps, spills
+
+
+@MODES
+def test_children_waiting_for_blocks_spill_a_parent_that_only_waits(async_sched):
+    """Four families in a cache that holds about two: parents park while their
+    children wait for blocks that other parked parents hold. A parked parent
+    none of whose children has started is spilled while other requests run
+    (its blocks go to the prefix cache), so more children run at once; the
+    tokens are those of an unpressured run and everything is freed."""
+    ref, ref_free, ref_steps, ref_spills = _idle_holder_run(async_sched, num_blocks=200)
+    assert ref_spills == []
+    h, initial_free, steps, spills = _idle_holder_run(async_sched, num_blocks=24)
+    assert any(running > 0 for _, running in spills), spills
+    # deterministic step count; 98 with spilling only when nothing runs
+    assert steps <= 80, steps
+    assert h.finished_sets == {"a", "b", "c", "d"}
+    for rid in ("a", "b", "c", "d"):
+        assert h.finish_reasons[rid] == FinishReason.STOP
+        assert h.tokens[rid] == ref.tokens[rid]
+    no_child_outputs(h)
+    assert_clean(h, initial_free)
+    assert_clean(ref, ref_free)
+
+
 @MODES
 def test_abort_spilled_parent(async_sched):
     h = SchedHarness(async_sched, block_size=16, num_blocks=12, max_model_len=160,

@@ -122,6 +122,7 @@ class SeqHooksMixin:
     _ready_joins: tuple = ()
     _requeue_after_step: tuple = ()
     _num_parked = 0
+    _children_starved = False
     deps = DependencyManager()
     metrics = HookMetrics("-", "-", None, mirror=False)
 
@@ -510,7 +511,21 @@ class SeqHooksMixin:
                 self.num_waiting_for_streaming_input += parked
         if self._accounting or self._children:
             self._account(out)
+        self._children_starved = bool(self._children) and self._child_left_waiting(out)
         return out
+
+    def _child_left_waiting(self, out) -> bool:
+        """A child is still waiting although the step had room for it (token
+        budget and sequence slots): it did not get KV blocks."""
+        if out.total_num_scheduled_tokens >= self.max_num_scheduled_tokens:
+            return False
+        if len(self.running) >= self.max_num_running_reqs:
+            return False
+        for req in self.waiting:
+            if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                continue
+            return req.request_id in self._children
+        return False
 
     def _account(self, out) -> None:
         scheduled = out.num_scheduled_tokens
@@ -559,6 +574,8 @@ class SeqHooksMixin:
         resumed parent recomputes only what was evicted in between.
         """
         if self.running:
+            if self._children_starved:
+                self._spill_idle_holder()
             return
         holders = [
             st for st in self._hook_states.values()
@@ -575,6 +592,37 @@ class SeqHooksMixin:
             self._spill(st)
             if not self._waiting_needs_blocks():
                 break
+
+    def _spill_idle_holder(self) -> None:
+        """Children wait for KV blocks while parked parents hold theirs:
+        spill one parked parent none of whose children has started (its
+        blocks only wait; they stay in the prefix cache for its children
+        and itself), skipping the parent of the first waiting child."""
+        head_parent = None
+        for req in self.waiting:
+            if req.status != RequestStatus.WAITING_FOR_STREAMING_REQ:
+                node = self.deps.get(req.request_id)
+                head_parent = node.parent_id if node is not None else None
+                break
+        for st in reversed(list(self._hook_states.values())):
+            req = st.request
+            if (not st.parked or st.spilled_frontier is not None
+                    or req.status != RequestStatus.WAITING_FOR_STREAMING_REQ
+                    or req.num_computed_tokens == 0 or req.request_id == head_parent):
+                continue
+            node = self.deps.get(req.request_id)
+            if node is None:
+                continue
+            started = False
+            for cid in node.open_children:
+                child = self._children.get(cid)
+                if child is not None and (child.num_computed_tokens > 0
+                                          or child.status == RequestStatus.RUNNING):
+                    started = True
+                    break
+            if not started:
+                self._spill(st)
+                return
 
     def _waiting_needs_blocks(self) -> bool:
         head = None
