@@ -347,10 +347,23 @@ after the join (the whole context again, of which only full 32-token blocks
 come from the prefix cache) and the children's prompts. Wall-clock times were
 taken on a machine shared with other jobs and vary by ±20 % between runs.
 
-Machine: {machine()}; torch {info['torch']}, vLLM {info['vllm']}; {info['date']}.
+Machine: {machine()}; torch {info['torch']}, vLLM {info['vllm']}; {info['date']}, commit {info.get('commit', '?')}.
 Command: `{command}`.
 """
     path.write_text(doc)
+
+
+def _git_commit() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "vllm_seqhooks"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "?"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -447,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     if tj.is_file():
         training = json.loads(tj.read_text())
     info = {"torch": torch.__version__, "vllm": vllm.__version__,
-            "date": datetime.date.today().isoformat(), "machine": machine(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": _git_commit(), "machine": machine(),
             "training": {k: v for k, v in training.items() if k != "history"}}
     command = "python scripts/eval_forkjoin.py " + " ".join(
         argv if argv is not None else sys.argv[1:])
