@@ -25,13 +25,22 @@ COMMON = TINY_FLAGS
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
+    import os
+
+    from vllm import envs as vllm_envs
+
     log_path = tmp_path_factory.mktemp("serve") / "server.log"
+    # vLLM's CPU worker sets VLLM_DIST_IDENT in its process's environment,
+    # which is this one for the in-process engines of earlier tests, and its
+    # own check calls that variable unknown: leave such leftovers out
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("VLLM_") or k in vllm_envs.environment_variables}
     srv = start_server(tiny_model_dir, *COMMON, "--sync-token", "<sync>",
                        "--promise-token-id", "4", "--promise-end-token", "</promise>",
                        "--logits-processors", SCRIPTED,
                        # vLLM refuses unknown VLLM_* environment variables
                        # with this flag: the plugin must not introduce any
-                       "--fail-on-environ-validation", log_path=log_path)
+                       "--fail-on-environ-validation", log_path=log_path, env=env)
     try:
         yield srv.url, log_path
     finally:

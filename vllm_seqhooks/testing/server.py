@@ -56,7 +56,7 @@ class Server:
 
 
 def start_server(model: str, *flags: str, log_path: str | os.PathLike,
-                 timeout: float = 300) -> Server:
+                 timeout: float = 300, env: dict[str, str] | None = None) -> Server:
     """``vllm serve model *flags`` on a free port of 127.0.0.1; returns once
     ``/health`` answers (raises with the log's tail if it exits or times out)."""
     import requests
@@ -66,7 +66,7 @@ def start_server(model: str, *flags: str, log_path: str | os.PathLike,
     cmd = [vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port), *flags]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
     server = Server(f"http://127.0.0.1:{port}", proc, log_path)
     deadline = time.time() + timeout
     while time.time() < deadline:
