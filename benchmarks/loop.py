@@ -40,8 +40,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from vllm_seqhooks.client_loop import ClientLoop, derive_seed
+from vllm_seqhooks.client_loop import ClientLoop
 from vllm_seqhooks.config import coerce_special_kwargs
+from vllm_seqhooks.dependencies import derive_seed
 from vllm_seqhooks.testing.scripted import CHILD_KEY, SAMPLED_BEFORE_KEY
 from vllm_seqhooks.tokens import PayloadClosed, SpecialTokenProcessor
 

@@ -37,12 +37,12 @@ children's hook tokens are plain text, as in the engine at that depth.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from vllm_seqhooks.config import SpecialKwargs, coerce_special_kwargs
+from vllm_seqhooks.dependencies import derive_seed
 from vllm_seqhooks.tokens import PayloadClosed, PromiseIgnored, SpecialTokenProcessor
 
 
@@ -118,12 +118,6 @@ class _Parent:
     round_params: Any = None
     #: (finish_reason, stop_reason) of the last round.
     last_finish: tuple[Any, Any] = (None, None)
-
-
-def derive_seed(seed: int, key: str) -> int:
-    """A child's seed from its parent's (the engine's rule)."""
-    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 class ClientLoop:

@@ -12,6 +12,7 @@ or ``aborted``), then ``merged`` once its parent joined it.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
@@ -24,6 +25,17 @@ MERGED = "merged"
 ENDED = (FINISHED, FAILED, ABORTED)
 #: Child request ids are "<parent id>@seqhooks-child<index>".
 CHILD_ID_MARKER = "@seqhooks-child"
+#: ``SamplingParams.extra_args`` keys on the requests the scheduler makes: a
+#: child's dotted key ("0", "1", "0.1", ...), and on a resumed parent the
+#: tokens it sampled before its current output list began.
+CHILD_KEY_ARG = "seqhooks_child_key"
+SAMPLED_BEFORE_ARG = "seqhooks_sampled_before"
+
+
+def derive_seed(seed: int, key: str) -> int:
+    """A child's seed from its seeded parent's seed and the child's key."""
+    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 @dataclass

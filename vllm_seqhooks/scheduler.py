@@ -24,7 +24,6 @@ Lifecycle of a request with hooks (see docs/lifecycle.md):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -49,11 +48,14 @@ from vllm_seqhooks.metrics import ENV_DIR as METRICS_ENV_DIR
 from vllm_seqhooks.metrics import HookMetrics
 from vllm_seqhooks.dependencies import (
     ABORTED,
+    CHILD_KEY_ARG,
     FAILED,
     FINISHED,
+    SAMPLED_BEFORE_ARG,
     DependencyManager,
     JoinRecord,
     build_trace,
+    derive_seed,
 )
 from vllm_seqhooks.tokens import (
     PayloadClosed,
@@ -69,8 +71,6 @@ logger = logging.getLogger("vllm.seqhooks.scheduler")
 
 #: extra_args keys the scheduler writes for the worker side (e.g. the
 #: scripted-token logits processor of vllm_seqhooks.testing).
-CHILD_KEY_ARG = "seqhooks_child_key"
-SAMPLED_BEFORE_ARG = "seqhooks_sampled_before"
 TRACE_KEY = "seqhooks"
 
 _FINISH_STATUS = {
@@ -455,7 +455,7 @@ class SeqHooksMixin:
         extra[CHILD_KEY_ARG] = child_node.key
         sp.extra_args = extra
         if sp.seed is not None:
-            sp.seed = _derive_seed(sp.seed, child_node.key)
+            sp.seed = derive_seed(sp.seed, child_node.key)
         child = Request(
             request_id=child_id,
             prompt_token_ids=prompt,
@@ -935,11 +935,6 @@ class SeqHooksMixin:
             "parked": self._num_parked,
             "requests": len(self.requests),
         }
-
-
-def _derive_seed(seed: int, key: str) -> int:
-    digest = hashlib.blake2b(f"{seed}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def _resolve_in_engine(hooks: SpecialKwargs, vllm_config) -> SpecialKwargs:

@@ -38,6 +38,7 @@ from collections import deque
 from typing import Any, Callable, Iterable, Sequence
 
 from vllm_seqhooks.config import SpecialKwargs
+from vllm_seqhooks.dependencies import SAMPLED_BEFORE_ARG
 from vllm_seqhooks.testing.tiny_model import (
     EOS_ID,
     PROMISE_END_ID,
@@ -56,7 +57,6 @@ VOCAB = 128
 FILLER_BASE = 20
 FILLER_SPAN = 60
 
-SAMPLED_BEFORE_ARG = "seqhooks_sampled_before"
 TRACE_KEY = "seqhooks"
 
 _MODEL_DIR: str | None = None

@@ -87,16 +87,18 @@ from vllm.v1.sample.logits_processor import (
     MoveDirectionality,
 )
 
+from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 logger = init_logger(__name__)
 
 SCRIPT_KEY = "seqhooks_script"
-SAMPLED_BEFORE_KEY = "seqhooks_sampled_before"
+SAMPLED_BEFORE_KEY = SAMPLED_BEFORE_ARG
 SCRIPT_END_KEY = "seqhooks_script_end"
 EOS_TOKEN_ID_KEY = "seqhooks_eos_token_id"
-CHILD_KEY = "seqhooks_child_key"
+CHILD_KEY = CHILD_KEY_ARG
 CHILD_SCRIPTS_KEY = "seqhooks_child_scripts"
 CHILD_SCRIPT_END_KEY = "seqhooks_child_script_end"
 CHILD_DEFAULT_SCRIPT_KEY = "seqhooks_child_default_script"
