@@ -546,27 +546,43 @@ def fit_step_cost(step_logs: Sequence[Sequence[tuple[float, int, int]]]) -> dict
 # Environment
 # --------------------------------------------------------------------------
 
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else what Python knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit(dirty_paths: Sequence[str] = ()) -> str:
+    """The checkout's short commit ("" outside git); with ``dirty_paths``,
+    `` + uncommitted changes`` is added when any of them differs from it."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=root, timeout=10).stdout.strip()
+        if commit and dirty_paths and subprocess.run(
+                ["git", "status", "--porcelain", "--", *dirty_paths], capture_output=True,
+                text=True, cwd=root, timeout=10).stdout.strip():
+            commit += " + uncommitted changes"
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return commit
+
+
 def environment(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import torch
     import vllm
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     try:
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         mem_gib = float("nan")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=Path(__file__).parent, timeout=10).stdout.strip()
-    except Exception:  # noqa: BLE001
-        commit = ""
+    commit = git_commit()
     try:
         load = os.getloadavg()
     except OSError:

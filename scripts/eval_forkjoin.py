@@ -26,7 +26,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import cpu_model, git_commit  # noqa: E402
 from vllm_seqhooks import forkjoin_task as task  # noqa: E402
 
 WARMUP_SEED = 99
@@ -177,15 +177,7 @@ def summarize(res: dict) -> dict:
 
 
 def machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()}-core CPU ({cpu}), no GPU"
+    return f"{os.cpu_count()}-core CPU ({cpu_model()}), no GPU"
 
 
 def pressure_section(pressure: dict, native: dict, loop: dict, args) -> str:
@@ -353,19 +345,6 @@ Command: `{command}`.
     path.write_text(doc)
 
 
-def _git_commit() -> str:
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "vllm_seqhooks"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -461,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         training = json.loads(tj.read_text())
     info = {"torch": torch.__version__, "vllm": vllm.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": _git_commit(), "machine": machine(),
+            "commit": git_commit(("vllm_seqhooks",)) or "?", "machine": machine(),
             "training": {k: v for k, v in training.items() if k != "history"}}
     command = "python scripts/eval_forkjoin.py " + " ".join(
         argv if argv is not None else sys.argv[1:])
