@@ -153,3 +153,28 @@ def test_engines_with_hooks_load_the_worker_extension():
     import importlib
 
     assert isinstance(getattr(importlib.import_module(module), name), type)
+
+
+@pytest.mark.parametrize("extension, batch_order, installs", [
+    ("vllm_seqhooks.worker.SeqHooksWorkerExtension", "family", False),  # the workers do it
+    ("my.own.Extension", "family", True),  # ours was replaced: the scheduler does it
+    ("", "family", True),
+    ("", "arrival", False),
+])
+def test_scheduler_installs_the_order_only_without_our_worker_extension(
+        monkeypatch, extension, batch_order, installs):
+    from vllm_seqhooks import _vllm_private
+    from vllm_seqhooks.testing import sched_harness
+
+    calls = []
+    monkeypatch.setattr(_vllm_private, "install_family_batch_order", lambda: calls.append(1))
+    make_config = sched_harness.make_vllm_config
+
+    def with_extension(*args, **kwargs):
+        cfg = make_config(*args, **kwargs)
+        cfg.parallel_config.worker_extension_cls = extension
+        return cfg
+
+    monkeypatch.setattr(sched_harness, "make_vllm_config", with_extension)
+    sched_harness.make_scheduler(False, hooks={"batch_order": batch_order})
+    assert bool(calls) == installs

@@ -16,6 +16,9 @@ from typing import Any, Mapping, Sequence
 
 #: Key under which the configuration travels in vLLM's ``additional_config``.
 ADDITIONAL_CONFIG_KEY = "seqhooks"
+#: The ``worker_extension_cls`` of engines with hooks: vLLM imports it in
+#: each worker process, which installs the family batch order there.
+WORKER_EXTENSION_QUALNAME = "vllm_seqhooks.worker.SeqHooksWorkerExtension"
 
 CHILD_CONTEXTS = ("fork", "payload")
 MERGE_STRATEGIES = ("concatenate", "none")

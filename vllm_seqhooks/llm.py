@@ -15,13 +15,15 @@ from typing import Any
 
 import vllm
 
-from vllm_seqhooks.config import SpecialKwargs, coerce_special_kwargs
+from vllm_seqhooks.config import (
+    WORKER_EXTENSION_QUALNAME,
+    SpecialKwargs,
+    coerce_special_kwargs,
+)
 from vllm_seqhooks.trace import attach_traces
 from vllm_seqhooks.validation import with_validator
 
 SCHEDULER_QUALNAME = "vllm_seqhooks.scheduler.SeqHooksScheduler"
-#: Imported by vLLM in each worker process of an engine with hooks (see worker.py).
-WORKER_EXTENSION_QUALNAME = "vllm_seqhooks.worker.SeqHooksWorkerExtension"
 
 
 def load_tokenizer(model: str, **engine_kwargs: Any):

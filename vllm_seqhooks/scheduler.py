@@ -40,6 +40,7 @@ from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 from vllm_seqhooks import _vllm_private
 from vllm_seqhooks.config import (
     ADDITIONAL_CONFIG_KEY,
+    WORKER_EXTENSION_QUALNAME,
     SpecialKwargs,
     SpecialKwargsError,
     parse_request_overrides,
@@ -144,10 +145,11 @@ class SeqHooksMixin:
             if getattr(self, "use_v2_model_runner", False):
                 logger.info("vllm-seqhooks: batch_order='family' applies to vLLM's V1 "
                             "model runner; the V2 runner keeps its own order")
-            else:
-                # covers a model runner in this process (one worker); worker
-                # processes install it when they import the hook worker
-                # extension (vllm_seqhooks.worker)
+            elif (vllm_config.parallel_config.worker_extension_cls
+                  != WORKER_EXTENSION_QUALNAME):
+                # The user's own worker extension replaced ours, which would
+                # install the order in each worker process: install it here,
+                # which covers a worker running in this process.
                 _vllm_private.install_family_batch_order()
         self.deps = DependencyManager()
         self._hook_states: dict[str, _HookState] = {}
