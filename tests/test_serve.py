@@ -151,10 +151,13 @@ def test_client_disconnect_aborts_the_family(server, tiny_model_dir, S):
         "vllm_xargs": {
             "seqhooks_script": S("<promise>a</promise><promise>b</promise><sync>"),
             "seqhooks_script_end": "free",
-            # children are forced to write long outputs (never EOS), so the
-            # family stays parked for seconds even on a fast machine
+            # children are forced to write long outputs (never EOS) on a
+            # slowed model (50 ms a step): the family stays parked for ~45 s
+            # on any machine, longer than the clean-up deadline below, so
+            # only the abort can end it in time
             "seqhooks_child_default_script": S("x") * 900,
             "seqhooks_child_max_tokens": 900,
+            "seqhooks_step_delay_ms": 50,
         },
     }
     with requests.post(url + "/v1/completions", json=body, stream=True, timeout=60) as r:

@@ -290,6 +290,24 @@ def test_processor_unit_children():
     assert _forced(proc, 3) == [1, 2, None]
 
 
+def test_processor_step_delay_sleeps_the_largest_of_the_batch(monkeypatch):
+    from vllm_seqhooks.testing import scripted
+
+    slept: list[float] = []
+    monkeypatch.setattr(scripted.time, "sleep", slept.append)
+    proc = _proc()
+    proc.update_state(_update(3, added=[
+        (0, _sp(seqhooks_script=[5], seqhooks_step_delay_ms=20), [], []),
+        (1, _sp(seqhooks_script=[6], seqhooks_step_delay_ms=50.0), [], []),
+        (2, _sp(seqhooks_script=[7]), [], []),
+    ]))
+    assert _forced(proc, 3) == [5, 6, 7]  # forcing is unchanged
+    assert slept == [0.05]
+    proc.update_state(_update(3, removed=[0, 1]))
+    _forced(proc, 3)
+    assert slept == [0.05]  # no delayed request left: no sleep
+
+
 def test_processor_validation():
     from vllm_seqhooks.testing.scripted import (
         ScriptedTokensLogitsProcessor,
@@ -310,6 +328,9 @@ def test_processor_validation():
         dict(seqhooks_sampled_before=-1),
         dict(seqhooks_eos_token_id="2"),
         dict(seqhooks_child_key=0),
+        dict(seqhooks_step_delay_ms=-1),
+        dict(seqhooks_step_delay_ms="20"),
+        dict(seqhooks_step_delay_ms=True),
     ]
     for extra in bad:
         with pytest.raises(ValueError, match=next(iter(extra))):

@@ -33,6 +33,13 @@ there is no entry, ``seqhooks_child_default_script`` if given, else the child
 is not forced at all.  ``seqhooks_child_script_end``, if present, overrides
 ``seqhooks_script_end`` for children.
 
+``seqhooks_step_delay_ms`` (number >= 0)
+    A slow model: every step whose batch holds a scripted request with this
+    key sleeps that long (the largest value in the batch) in :meth:`apply`.
+    Children inherit it with the rest of ``extra_args``. Tests use it to keep
+    a request in a state (parked, children running) for seconds whatever the
+    machine's speed.
+
 A request with none of these keys is untouched, and when no request of the
 batch has a script :meth:`ScriptedTokensLogitsProcessor.apply` returns at
 once.  A forced token wins over what runs before it (``allowed_token_ids``,
@@ -74,6 +81,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +110,7 @@ CHILD_KEY = CHILD_KEY_ARG
 CHILD_SCRIPTS_KEY = "seqhooks_child_scripts"
 CHILD_SCRIPT_END_KEY = "seqhooks_child_script_end"
 CHILD_DEFAULT_SCRIPT_KEY = "seqhooks_child_default_script"
+STEP_DELAY_KEY = "seqhooks_step_delay_ms"
 
 SCRIPT_ENDS = ("free", "eos")
 
@@ -179,6 +188,13 @@ def validate_script_args(extra_args: Mapping[str, Any] | None) -> None:
             raise ValueError(
                 f"extra_args[{EOS_TOKEN_ID_KEY!r}] must be a token id, got {v!r}"
             )
+    if STEP_DELAY_KEY in extra_args:
+        v = extra_args[STEP_DELAY_KEY]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ValueError(
+                f"extra_args[{STEP_DELAY_KEY!r}] must be a number of milliseconds "
+                f">= 0, got {v!r}"
+            )
     if CHILD_KEY in extra_args and not isinstance(extra_args[CHILD_KEY], str):
         raise ValueError(
             f"extra_args[{CHILD_KEY!r}] must be a string, got {extra_args[CHILD_KEY]!r}"
@@ -212,7 +228,7 @@ def resolve_script(
 class _Scripted:
     """Per-row state: the script and a live reference to the output ids."""
 
-    __slots__ = ("script", "offset", "end_token", "output_ids")
+    __slots__ = ("script", "offset", "end_token", "output_ids", "delay_s")
 
     def __init__(
         self,
@@ -220,11 +236,13 @@ class _Scripted:
         offset: int,
         end_token: int | None,
         output_ids: Sequence[int],
+        delay_s: float = 0.0,
     ) -> None:
         self.script = script
         self.offset = offset
         self.end_token = end_token
         self.output_ids = output_ids
+        self.delay_s = delay_s
 
     def forced_token(self) -> int | None:
         k = self.offset + len(self.output_ids)
@@ -284,7 +302,8 @@ class ScriptedTokensLogitsProcessor(LogitsProcessor):
                 )
         if not script and end_token is None:
             return None
-        return _Scripted(script, offset, end_token, output_ids)
+        delay_s = float(params.extra_args.get(STEP_DELAY_KEY, 0) or 0) / 1000
+        return _Scripted(script, offset, end_token, output_ids, delay_s)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
@@ -312,6 +331,9 @@ class ScriptedTokensLogitsProcessor(LogitsProcessor):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
             return logits
+        delay_s = max(state.delay_s for state in self.rows.values())
+        if delay_s:
+            time.sleep(delay_s)
         vocab = logits.shape[-1]
         row_ids: list[int] = []
         token_ids: list[int] = []
