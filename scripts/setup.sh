@@ -61,6 +61,7 @@ import torch, vllm
 import vllm_seqhooks
 from vllm_seqhooks import _vllm_private
 _vllm_private.check()
+assert not _vllm_private.input_processor_problems(), _vllm_private.input_processor_problems()
 print("torch", torch.__version__, "| vllm", vllm.__version__,
       "| vllm dist", md.version("vllm"), "| vllm-seqhooks", vllm_seqhooks.__version__)
 assert "+cpu" in torch.__version__, "expected torch's CPU build"

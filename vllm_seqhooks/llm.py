@@ -20,8 +20,8 @@ from vllm_seqhooks.config import (
     SpecialKwargs,
     coerce_special_kwargs,
 )
+from vllm_seqhooks import _vllm_private
 from vllm_seqhooks.trace import attach_traces
-from vllm_seqhooks.validation import with_validator
 
 SCHEDULER_QUALNAME = "vllm_seqhooks.scheduler.SeqHooksScheduler"
 
@@ -54,7 +54,6 @@ def engine_kwargs_for_hooks(
     out["scheduler_cls"] = SCHEDULER_QUALNAME
     if not out.get("worker_extension_cls"):
         out["worker_extension_cls"] = WORKER_EXTENSION_QUALNAME
-    out["logits_processors"] = with_validator(engine_kwargs.get("logits_processors"))
     out["additional_config"] = hooks.to_additional_config(
         engine_kwargs.get("additional_config")
     )
@@ -78,6 +77,7 @@ class LLM(vllm.LLM):
             if not hooks.is_resolved:
                 hooks = hooks.resolve(load_tokenizer(model, **kwargs))
             kwargs = engine_kwargs_for_hooks(hooks, kwargs)
+            _vllm_private.install_request_validator()
         super().__init__(model, **kwargs)
         self.special_kwargs = hooks
 

@@ -170,7 +170,6 @@ def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
         return SpecialKwargs.from_additional_config(namespace.additional_config)
     hooks = SpecialKwargs.from_dict(given)
     from vllm_seqhooks.llm import SCHEDULER_QUALNAME, WORKER_EXTENSION_QUALNAME, load_tokenizer
-    from vllm_seqhooks.validation import with_validator
 
     model = getattr(namespace, "model_tag", None) or getattr(namespace, "model", None)
     try:
@@ -196,7 +195,6 @@ def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
     namespace.scheduler_cls = SCHEDULER_QUALNAME
     if not getattr(namespace, "worker_extension_cls", None):
         namespace.worker_extension_cls = WORKER_EXTENSION_QUALNAME
-    namespace.logits_processors = with_validator(getattr(namespace, "logits_processors", None))
     namespace.additional_config = hooks.to_additional_config(
         getattr(namespace, "additional_config", None)
     )
@@ -242,10 +240,28 @@ def install_collector() -> None:
     _collector_installed = True
 
 
+def _install_request_validator() -> None:
+    from vllm_seqhooks import _vllm_private
+
+    try:
+        _vllm_private.install_request_validator()
+    except _vllm_private.VllmPrivateAPIError as exc:
+        # Stock engines in this process must keep working; an engine with
+        # hooks fails its own version check at start-up.
+        logger.error("%s", exc)
+
+
 def register() -> None:
-    """Entry point (``vllm.general_plugins``). Safe to call many times."""
+    """Entry point (``vllm.general_plugins``). Safe to call many times.
+
+    Adds the hook flags to vLLM's argument parsers and, in the processes
+    that import vLLM's frontend (``InputProcessor``), the admission-time
+    check of requests to engines with hooks."""
     from vllm.engine.arg_utils import EngineArgs
 
+    from vllm_seqhooks.post_import import when_imported
+
+    when_imported("vllm.v1.engine.input_processor", _install_request_validator)
 
     current = EngineArgs.__dict__["add_cli_args"]
     func = current.__func__ if isinstance(current, staticmethod) else current

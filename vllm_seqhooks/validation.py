@@ -1,27 +1,27 @@
 """Admission-time validation of per-request hook settings.
 
-vLLM calls ``validate_params`` of every configured logits processor for each
-request as it is admitted (in the frontend): a ``ValueError`` there becomes
-a ``VLLMValidationError`` for ``LLM.generate`` and an HTTP 400 for the OpenAI
-server, with the message, and the engine never sees the request. This
-processor changes no logits (``apply`` returns them as they are); it is
-installed only when hooks are on.
+:func:`check_request` raises ``ValueError`` (naming the field) for a request
+whose settings hooks cannot honour. It runs in the frontend, once per
+request, where vLLM validates sampling parameters: a failure becomes a
+``VLLMValidationError`` for ``LLM.generate`` and an HTTP 400 for the OpenAI
+server, with the message, and the engine never sees the request.
+
+It is installed by ``_vllm_private.install_request_validator`` (called by
+the ``vllm.general_plugins`` entry point and by ``vllm_seqhooks.LLM``) into
+the frontend's ``InputProcessor``, only for engines with hooks. No logits
+processor is involved: those are model-runner specific (V1 and V2 have
+different interfaces), make vLLM refuse speculative decoding, and, on the V1
+runner, cost a device-to-host copy every step.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-import torch
-from vllm import SamplingParams
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
-
-from vllm_seqhooks.config import parse_request_overrides
-
-QUALNAME = "vllm_seqhooks.validation:SeqHooksRequestValidator"
+from vllm_seqhooks.config import ADDITIONAL_CONFIG_KEY, parse_request_overrides
 
 
-def check_request(sampling_params: SamplingParams) -> None:
+def check_request(sampling_params: Any) -> None:
     """Raise ``ValueError`` (naming the field) for settings hooks cannot honour."""
     overrides = parse_request_overrides(sampling_params.extra_args)
     if overrides.get("enabled", True) is False:
@@ -35,29 +35,25 @@ def check_request(sampling_params: SamplingParams) -> None:
         )
 
 
-class SeqHooksRequestValidator(LogitsProcessor):
-    """A no-op logits processor whose ``validate_params`` checks hook settings."""
-
-    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        pass
-
-    @classmethod
-    def validate_params(cls, sampling_params: SamplingParams) -> None:
-        check_request(sampling_params)
-
-    def is_argmax_invariant(self) -> bool:
-        return True
-
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        pass
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits
+def hooks_enabled(additional_config: Any) -> bool:
+    """Whether an engine's ``additional_config`` turns hooks on."""
+    return isinstance(additional_config, dict) and bool(
+        additional_config.get(ADDITIONAL_CONFIG_KEY)
+    )
 
 
-def with_validator(logits_processors: list[Any] | None) -> list[Any]:
-    """``logits_processors`` plus the validator (once)."""
-    procs = list(logits_processors or [])
-    if not any(p in (QUALNAME, SeqHooksRequestValidator) for p in procs):
-        procs.append(QUALNAME)
-    return procs
+def chain_validators(
+    first: Callable[[Any], None], error_type: type[Exception]
+) -> Callable[[Any], None]:
+    """A params validator that runs ``first`` (vLLM's own) and then
+    :func:`check_request`, whose ``ValueError`` becomes ``error_type``."""
+
+    def validate(sampling_params: Any) -> None:
+        first(sampling_params)
+        try:
+            check_request(sampling_params)
+        except ValueError as exc:
+            raise error_type(str(exc)) from exc
+
+    validate.seqhooks = True  # type: ignore[attr-defined]
+    return validate

@@ -1,0 +1,152 @@
+"""Admission-time validation without a logits processor: the same check on
+both model runners, installed only for engines with hooks, and nothing that
+vLLM's V1 or V2 logits-processor loaders (or speculative decoding) refuse."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from vllm_seqhooks.testing.sched_harness import make_scheduler, make_vllm_config
+
+
+def _v2_config_without_triton(monkeypatch, v2: bool = True) -> None:
+    """Configurations that pick the V2 runner: vLLM checks that Triton is
+    importable (its runner needs it); the frontend and the scheduler built
+    here do not run a model, so the check is waived in this process."""
+    import vllm.config.vllm as vllm_config_module
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1" if v2 else "0")
+    monkeypatch.setattr(vllm_config_module, "HAS_TRITON", True)
+
+
+def _params(**kwargs):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=4, **kwargs)
+
+
+def test_check_request_names_the_field():
+    from vllm_seqhooks.validation import check_request
+
+    check_request(_params())
+    with pytest.raises(ValueError, match="logprobs"):
+        check_request(_params(logprobs=1))
+    with pytest.raises(ValueError, match="seqhooks_child_max_tokens"):
+        check_request(_params(extra_args={"seqhooks_child_max_tokens": -3}))
+    # Hooks off for the request: its logprobs are fine.
+    check_request(_params(logprobs=1, extra_args={"seqhooks_enabled": False}))
+
+
+def test_frontend_private_api_is_present():
+    from vllm_seqhooks import _vllm_private
+
+    assert _vllm_private.input_processor_problems() == []
+
+
+def test_a_changed_frontend_api_is_reported(monkeypatch):
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from vllm_seqhooks import _vllm_private
+
+    monkeypatch.setattr(InputProcessor, "_validate_params", lambda self, params: None)
+    assert any("_validate_params" in p for p in _vllm_private.input_processor_problems())
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["v1-runner", "v2-runner"])
+@pytest.mark.parametrize("hooks", [True, False], ids=["hooks", "stock"])
+def test_input_processor_validates_only_engines_with_hooks(monkeypatch, v2, hooks):
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from vllm_seqhooks import _vllm_private
+
+    _v2_config_without_triton(monkeypatch, v2)
+    _vllm_private.install_request_validator()
+    config = make_vllm_config(False, hooks={} if hooks else None)
+    assert config.use_v2_model_runner is v2
+    processor = InputProcessor(config)
+    validate = processor.validate_logits_processors_params
+    validate(_params())
+    if hooks:
+        with pytest.raises(VLLMValidationError, match="logprobs cannot be combined"):
+            validate(_params(logprobs=2))
+        with pytest.raises(VLLMValidationError, match="seqhooks_enabled"):
+            validate(_params(extra_args={"seqhooks_enabled": "maybe"}))
+    else:
+        validate(_params(logprobs=2))
+
+
+def test_hook_engine_arguments_pass_vllms_logits_processor_loaders(tiny_model_dir):
+    """The engine arguments hooks install hold no logits processor, so
+    vLLM's V1 and V2 loaders accept them and speculative decoding is not
+    refused for it."""
+    from vllm.v1.sample.logits_processor import validate_logits_processors_parameters
+    from vllm.v1.worker.gpu.sample.logits_processor import (
+        build_custom_logits_processors_params_validator,
+    )
+
+    from vllm_seqhooks.config import SpecialKwargs
+    from vllm_seqhooks.llm import engine_kwargs_for_hooks
+
+    hooks = SpecialKwargs(sync_token_id=6, promise_token_id=4, merge_separator_token_ids=(8,))
+    for user in (None, [], ["my.module:Proc"]):
+        given = {} if user is None else {"logits_processors": user}
+        kwargs = engine_kwargs_for_hooks(hooks, given)
+        assert kwargs.get("logits_processors") == user
+    kwargs = engine_kwargs_for_hooks(hooks, {})
+    build_custom_logits_processors_params_validator(kwargs.get("logits_processors"))(_params())
+    validate_logits_processors_parameters(kwargs.get("logits_processors"), _params())
+
+
+def test_v2_config_builds_the_hook_scheduler(monkeypatch):
+    from vllm_seqhooks.scheduler import SeqHooksAsyncScheduler, SeqHooksSyncScheduler
+
+    _v2_config_without_triton(monkeypatch)
+    for async_sched, cls in ((False, SeqHooksSyncScheduler), (True, SeqHooksAsyncScheduler)):
+        sched = make_scheduler(async_sched)
+        assert type(sched) is cls
+        assert sched.use_v2_model_runner is True
+
+
+def test_plugin_installs_the_check_when_the_frontend_is_imported():
+    """In a fresh process, the entry point patches nothing until vLLM's
+    frontend module is imported, and patches it as soon as it is."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from vllm_seqhooks.plugin import register
+        register()
+        assert "vllm.v1.engine.input_processor" not in sys.modules
+        from vllm.v1.engine.input_processor import InputProcessor
+        fn = InputProcessor._build_logits_processors_params_validator
+        print(getattr(fn, "_seqhooks_request_validator", False))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_when_imported_runs_after_the_import(tmp_path, monkeypatch):
+    from vllm_seqhooks.post_import import when_imported
+
+    (tmp_path / "seqhooks_probe_mod.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+
+    def callback():
+        seen.append(sys.modules["seqhooks_probe_mod"].VALUE)
+
+    when_imported("seqhooks_probe_mod", callback)
+    assert seen == []
+    import seqhooks_probe_mod  # noqa: F401
+
+    assert seen == [41]
+    when_imported("seqhooks_probe_mod", lambda: seen.append("now"))
+    assert seen == [41, "now"]
+    monkeypatch.delitem(sys.modules, "seqhooks_probe_mod")
