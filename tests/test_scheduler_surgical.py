@@ -43,6 +43,35 @@ ZERO_STATE = {
 }
 
 
+#: Speculative tokens per step the harness runs every test with (see
+#: ``spec_tokens``): 0, and drafts accepted as the script goes.
+SPEC_TOKENS = (0, 1, 4)
+
+#: Tests whose assertions describe single steps (what is scheduled, or
+#: when an abort lands, relative to one sampled token); with several tokens
+#: a step their timing differs while the tokens stay the same.
+STEP_EXACT = pytest.mark.one_token_per_step(
+    "asserts per-step timing of one sampled token per step")
+#: vLLM's own streaming-input sessions (hooks off): vLLM 0.32 does not roll
+#: back num_computed_tokens for the drafts it cuts at a stop, so a session
+#: stopped inside an accepted run resumes past its last token (upstream).
+UPSTREAM_SESSIONS = pytest.mark.one_token_per_step(
+    "vLLM's streaming sessions keep cut drafts in num_computed_tokens")
+
+
+@pytest.fixture(autouse=True, params=SPEC_TOKENS, ids=[f"k{k}" for k in SPEC_TOKENS])
+def spec_tokens(request, monkeypatch):
+    """Every test runs with 0 speculative tokens and again with several
+    (SchedHarness reads SEQHOOKS_HARNESS_SPEC_TOKENS): the fork/join tests
+    assert the same tokens, merges and traces as with one token a step."""
+    k = request.param
+    marker = request.node.get_closest_marker("one_token_per_step")
+    if k and marker is not None:
+        pytest.skip(marker.args[0])
+    monkeypatch.setenv("SEQHOOKS_HARNESS_SPEC_TOKENS", str(k))
+    return k
+
+
 def prompt(n: int, base: int = 30) -> list[int]:
     """``n`` plain prompt tokens (no hook token, no EOS)."""
     return [base + (i % 50) for i in range(n)]
@@ -222,6 +251,7 @@ def test_payload_closed_by_sync(async_sched):
 # ---------------------------------------------------------------------------
 # 2. Block
 # ---------------------------------------------------------------------------
+@STEP_EXACT
 @MODES
 def test_sync_parks_parent_with_kv_kept(async_sched):
     h = SchedHarness(async_sched, block_size=16)
@@ -412,6 +442,7 @@ def test_two_fork_join_rounds(async_sched):
     assert_clean(h, initial_free)
 
 
+@STEP_EXACT
 @MODES
 def test_join_prefill_chunked(async_sched):
     """A long merge is prefilled in chunks (max_num_batched_tokens=16); the
@@ -445,6 +476,7 @@ def test_join_max_tokens_counts_only_sampled_tokens(async_sched):
     assert h.finish_reasons["r"] == FinishReason.LENGTH
 
 
+@STEP_EXACT
 @MODES
 def test_join_immediately_when_children_already_done(async_sched):
     """Children that finished before <sync>: the park and the join happen in
@@ -502,6 +534,7 @@ def test_merge_strategy_none_only_waits(async_sched):
 # ---------------------------------------------------------------------------
 # 4. <sync> with no open children
 # ---------------------------------------------------------------------------
+@STEP_EXACT
 @MODES
 def test_sync_without_children_is_noop(async_sched):
     h = SchedHarness(async_sched)
@@ -530,6 +563,7 @@ def test_sync_without_children_is_noop(async_sched):
     assert_clean(h, initial_free)
 
 
+@STEP_EXACT
 @MODES
 def test_sync_without_children_keeps_decoding(async_sched):
     h = SchedHarness(async_sched)
@@ -609,6 +643,7 @@ def test_finished_parent_waits_for_children(async_sched, how):
 # ---------------------------------------------------------------------------
 # 6. Abort
 # ---------------------------------------------------------------------------
+@STEP_EXACT
 @MODES
 @pytest.mark.parametrize("when", ["parked", "children_running", "child_waiting"])
 def test_abort_parent_takes_down_subtree(async_sched, when):
@@ -648,6 +683,7 @@ def test_abort_parent_takes_down_subtree(async_sched, when):
     [("r:sync", "r"), ("r:sync", "child"), ("child:eos", "child"),
      ("child:eos", "r"), ("r:promise_end", "r")],
 )
+@STEP_EXACT
 def test_abort_between_execute_and_update(async_sched, trigger, victim):
     """EngineCore applies aborts that arrive while the model runs right before
     update_from_output: the step's output then carries tokens of requests that
@@ -707,6 +743,7 @@ def test_abort_all(async_sched):
 # ---------------------------------------------------------------------------
 # 7. A child that fails or is aborted
 # ---------------------------------------------------------------------------
+@STEP_EXACT
 @MODES
 @pytest.mark.parametrize("marker", [False, True], ids=["nothing", "marker"])
 @pytest.mark.parametrize("parent_state", ["parked", "running"])
@@ -1091,6 +1128,7 @@ def _transcript(h: SchedHarness):
     return h.schedules, outs
 
 
+@STEP_EXACT
 @MODES
 @pytest.mark.parametrize("num_blocks", [200, 14], ids=["roomy", "preempting"])
 def test_no_hook_tokens_matches_stock_scheduler(async_sched, num_blocks):
@@ -1217,6 +1255,7 @@ def _streaming_session(h: SchedHarness, script):
     return req
 
 
+@UPSTREAM_SESSIONS
 @MODES
 def test_streaming_session_without_hooks_stays_resumable(async_sched):
     """Control: a streaming-input session (resumable request) that stops at
@@ -1229,6 +1268,7 @@ def test_streaming_session_without_hooks_stays_resumable(async_sched):
     assert req.status == RequestStatus.WAITING_FOR_STREAMING_REQ
 
 
+@UPSTREAM_SESSIONS
 @MODES
 def test_streaming_session_has_no_hooks_and_stays_resumable(async_sched):
     """vLLM's own streaming-input sessions park and resume through the path

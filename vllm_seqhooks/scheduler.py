@@ -303,14 +303,23 @@ class SeqHooksMixin:
     def _update_request_with_output(
         self, request: Request, new_token_ids: list[int], is_stale: bool = False
     ) -> tuple[list[int], bool]:
+        st = self._hook_states.get(request.request_id)
+        if st is not None and st.scanner is not None and len(new_token_ids) > 1:
+            self._trim_after_sync(st, new_token_ids, is_stale)
         start = request.num_tokens
+        offered = len(new_token_ids)
         was_preempted = request.status == RequestStatus.PREEMPTED
         new_token_ids, stopped = super()._update_request_with_output(
             request, new_token_ids, is_stale
         )
-        st = self._hook_states.get(request.request_id)
         if st is None or not new_token_ids:
             return new_token_ids, stopped
+        if stopped and len(new_token_ids) < offered and not is_stale:
+            # vLLM stopped at a token before the last (speculative decoding).
+            # A finished request never computes again, but one that parks
+            # for its children resumes from its frontier: count the tokens
+            # vLLM cut as rejected drafts, as _trim_after_sync does.
+            _count_as_rejected(request, offered - len(new_token_ids))
         st.preempted_at_stop = was_preempted
         st.sampled += len(new_token_ids)
         if st.accounting is not None:
@@ -321,36 +330,17 @@ class SeqHooksMixin:
             if stopped and self.deps.has_open_children(request.request_id):
                 self._park(st, stopped_by_finish=True)
             return new_token_ids, stopped
-        events = scanner.feed(new_token_ids, start)
-        sync_at: int | None = None
-        for ev in events:
+        for ev in scanner.feed(new_token_ids, start):
             if isinstance(ev, PayloadClosed):
                 self._spawn(st, ev)
             elif isinstance(ev, PromiseIgnored):
                 self._ignore_promise(st, ev.pos, ev.reason)
-            elif isinstance(ev, SyncReached):
-                if self.deps.has_open_children(request.request_id):
-                    sync_at = ev.pos
-                    break
-        if sync_at is not None:
-            keep = sync_at - start + 1
-            if keep < len(new_token_ids):
-                # Tokens sampled after <sync> in the same step (speculative
-                # decoding) are dropped: the parent resumes after the merge.
-                drop = len(new_token_ids) - keep
-                del request._output_token_ids[-drop:]
-                del request._all_token_ids[-drop:]
-                del new_token_ids[keep:]
-                st.sampled -= drop
-                request.num_computed_tokens = min(
-                    request.num_computed_tokens, request.num_tokens - 1
-                )
-            if stopped:
-                # <sync> was also the last token the request may sample.
-                self._park(st, stopped_by_finish=True)
-            else:
-                self._park(st, stopped_by_finish=False)
-            return new_token_ids, True
+            elif isinstance(ev, SyncReached) and self.deps.has_open_children(
+                request.request_id
+            ):
+                # _trim_after_sync made this <sync> the step's last token.
+                self._park(st, stopped_by_finish=stopped)
+                return new_token_ids, True
         if stopped:
             end = request.num_tokens
             if request.status == RequestStatus.FINISHED_STOPPED:
@@ -360,6 +350,54 @@ class SeqHooksMixin:
             if self.deps.has_open_children(request.request_id):
                 self._park(st, stopped_by_finish=True)
         return new_token_ids, stopped
+
+    def _trim_after_sync(self, st: _HookState, new_token_ids: list[int], is_stale: bool) -> None:
+        """Several tokens in one step (speculative decoding): drop those after
+        a ``<sync>`` that will park the request, before vLLM appends them,
+        checks them for a stop, or caches blocks holding them. The parent
+        resumes after the merge; the dropped tokens count as rejected drafts
+        (vLLM's own rollback of ``num_computed_tokens`` and, under async
+        scheduling, of the output placeholders)."""
+        cut = self._parking_sync_offset(st, new_token_ids)
+        if cut is None:
+            return
+        drop = len(new_token_ids) - cut - 1
+        if drop <= 0:
+            return
+        del new_token_ids[cut + 1:]
+        if not is_stale:
+            _count_as_rejected(st.request, drop)
+        logger.debug("%s: %d tokens sampled after <sync> dropped", st.request.request_id, drop)
+
+    def _parking_sync_offset(self, st: _HookState, new_token_ids: list[int]) -> int | None:
+        """Index in ``new_token_ids`` of the first ``<sync>`` that parks the
+        request (it has open children then, counting those that payloads
+        closing earlier in the same tokens will spawn), or None. Changes
+        nothing: it scans with a copy of the request's scanner."""
+        scanner = st.scanner
+        if scanner is None or not scanner.may_fire(new_token_ids):
+            return None
+        start = st.request.num_tokens
+        has_children = self.deps.has_open_children(st.request.request_id)
+        for ev in scanner.copy().feed(new_token_ids, start):
+            if isinstance(ev, PayloadClosed):
+                has_children = has_children or self._spawn_refusal(ev) is None
+            elif isinstance(ev, SyncReached) and has_children:
+                return ev.pos - start
+        return None
+
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        super().update_draft_token_ids(draft_token_ids)
+        if not self._num_parked:
+            return
+        # The drafter proposed for every request of the step, the parent that
+        # just parked included; its drafts continue text that the merge will
+        # replace, and would be scheduled (and verified for nothing) when it
+        # resumes.
+        for rid in draft_token_ids.req_ids:
+            st = self._hook_states.get(rid)
+            if st is not None and st.parked:
+                st.request.spec_token_ids = []
 
     def _park(self, st: _HookState, *, stopped_by_finish: bool) -> None:
         request = st.request
@@ -420,9 +458,28 @@ class SeqHooksMixin:
         self.metrics.inc("promises_ignored", 1)
         logger.debug("%s: promise at %d ignored (%s)", st.request.request_id, pos, reason)
 
+    def _spawn_refusal(self, ev: PayloadClosed) -> str | None:
+        """Why a closed payload spawns no child (None: it spawns one)."""
+        hooks = self.hooks
+        if hooks.child_context == "fork":
+            prompt_len = ev.context_end
+        else:
+            prompt_len = (len(hooks.child_prompt_prefix_token_ids or ())
+                          + (ev.end - ev.start)
+                          + len(hooks.child_prompt_suffix_token_ids or ()))
+            if prompt_len == 0:
+                return "empty_payload"
+        if prompt_len >= self.max_model_len:
+            return "max_model_len"
+        return None
+
     def _spawn(self, st: _HookState, ev: PayloadClosed) -> None:
         parent = st.request
         hooks = self.hooks
+        refusal = self._spawn_refusal(ev)
+        if refusal is not None:
+            self._ignore_promise(st, ev.start - 1, refusal)
+            return
         tokens = parent.all_token_ids
         payload = list(tokens[ev.start : ev.end])
         if hooks.child_context == "fork":
@@ -433,16 +490,13 @@ class SeqHooksMixin:
                 *payload,
                 *(hooks.child_prompt_suffix_token_ids or ()),
             ]
-            if not prompt:
-                self._ignore_promise(st, ev.start - 1, "empty_payload")
-                return
         room = self.max_model_len - len(prompt)
-        if room <= 0:
-            self._ignore_promise(st, ev.start - 1, "max_model_len")
-            return
         budget = st.child_max_tokens
         if budget is None:
-            budget = max(1, st.orig_max_tokens - st.sampled)
+            # The parent's budget left when it sampled the closing token
+            # (with speculative decoding, tokens after it may be in this step).
+            sampled_after = max(0, parent.num_tokens - 1 - ev.end)
+            budget = max(1, st.orig_max_tokens - (st.sampled - sampled_after))
         budget = min(int(budget), room)
         self.deps.ensure_root(parent.request_id)
         child_id = self.deps.new_child_id(parent.request_id)
@@ -531,10 +585,14 @@ class SeqHooksMixin:
 
     def _account(self, out) -> None:
         scheduled = out.num_scheduled_tokens
+        drafts = out.scheduled_spec_decode_tokens
         for rid in list(self._accounting):
             n = scheduled.get(rid)
             if not n:
                 continue
+            # Draft positions (vLLM pads a resumed decode with placeholder
+            # drafts) are verified, not prefilled.
+            n -= len(drafts.get(rid, ()))
             st = self._accounting[rid]
             rec = st.accounting
             if rec is None:
@@ -937,6 +995,15 @@ class SeqHooksMixin:
             "parked": self._num_parked,
             "requests": len(self.requests),
         }
+
+
+def _count_as_rejected(request: Request, num_tokens: int) -> None:
+    """Roll back the bookkeeping of ``num_tokens`` sampled tokens that will
+    not be kept, as vLLM's ``update_from_output`` does for rejected drafts."""
+    if request.num_computed_tokens > 0:
+        request.num_computed_tokens -= num_tokens
+    if request.num_output_placeholders > 0:
+        request.num_output_placeholders -= num_tokens
 
 
 def _resolve_in_engine(hooks: SpecialKwargs, vllm_config) -> SpecialKwargs:

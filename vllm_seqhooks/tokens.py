@@ -80,11 +80,22 @@ class SpecialTokenProcessor:
     def payload_open(self) -> bool:
         return self.payload_start is not None
 
+    def may_fire(self, tokens: Sequence[int]) -> bool:
+        """Whether feeding ``tokens`` can yield an event (a cheap test)."""
+        return self.payload_start is not None or not self.hook_ids.isdisjoint(tokens)
+
+    def copy(self) -> "SpecialTokenProcessor":
+        """An independent scanner in the same state (to look ahead)."""
+        twin = SpecialTokenProcessor.__new__(SpecialTokenProcessor)
+        for name in self.__slots__:
+            setattr(twin, name, getattr(self, name))
+        return twin
+
     def feed(self, tokens: Sequence[int], start_pos: int) -> list[Event]:
         """Scan ``tokens``, the first of which sits at ``start_pos``."""
-        hook_ids = self.hook_ids
-        if self.payload_start is None and hook_ids.isdisjoint(tokens):
+        if not self.may_fire(tokens):
             return []
+        hook_ids = self.hook_ids
         events: list[Event] = []
         for offset, tok in enumerate(tokens):
             if tok not in hook_ids:

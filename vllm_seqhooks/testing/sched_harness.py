@@ -20,6 +20,17 @@ and the scheduler, then plays the part of EngineCore and of the worker:
   deterministic model: a stale in-flight step and the step that recomputes it
   sample the same token.
 
+With ``num_spec_tokens=k`` (speculative decoding, 1 to 4 draft tokens) the
+engine is configured for ngram speculation and the worker returns up to
+``1 + len(drafts)`` tokens for a request whose drafts were scheduled: the
+script's tokens for the positions being sampled, of which the first
+``acceptance(request_id, index, num_drafts)`` drafts are accepted (all of
+them by default), the way a verifying model returns the accepted drafts plus
+one token of its own. Under sync scheduling the harness proposes the drafts
+after each step (``EngineCore.post_step``); under async scheduling they are
+the scheduler's placeholders and the worker counts the tokens of the batch
+still in flight, as vLLM's worker does.
+
 Everything the scheduler returns is recorded: per-step ``num_scheduled_tokens``
 and the :class:`~vllm.v1.engine.EngineCoreOutput` s, with helpers to read the
 tokens, finish reasons and the fork/join trace of each request.
@@ -117,9 +128,18 @@ def make_vllm_config(
     enable_prefix_caching: bool = True,
     hooks: SpecialKwargs | dict | None = None,
     policy: str = "fcfs",
+    num_spec_tokens: int = 0,
 ):
-    """A VllmConfig built offline; ``hooks`` None means no seqhooks config."""
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    """A VllmConfig built offline; ``hooks`` None means no seqhooks config;
+    ``num_spec_tokens`` > 0 configures ngram speculative decoding."""
+    from vllm.config import (
+        CacheConfig,
+        ModelConfig,
+        ParallelConfig,
+        SchedulerConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
 
     if max_num_batched_tokens is None:
         max_num_batched_tokens = max(max_model_len, 256)
@@ -147,10 +167,22 @@ def make_vllm_config(
         if isinstance(hooks, dict):
             hooks = default_hooks(**hooks)
         additional = hooks.to_additional_config()
+    speculative_config = None
+    if num_spec_tokens:
+        speculative_config = SpeculativeConfig(
+            # vLLM allows async scheduling with the GPU n-gram proposer only.
+            method="ngram_gpu" if async_scheduling else "ngram",
+            num_speculative_tokens=num_spec_tokens,
+            prompt_lookup_max=num_spec_tokens,
+            prompt_lookup_min=1,
+            target_model_config=model_config,
+            target_parallel_config=ParallelConfig(),
+        )
     vllm_config = VllmConfig(
         model_config=model_config,
         scheduler_config=scheduler_config,
         cache_config=cache_config,
+        speculative_config=speculative_config,
         additional_config=additional,
     )
     # The CPU platform turns async scheduling off; the scheduler itself does
@@ -210,6 +242,7 @@ def make_scheduler(
     log_stats: bool = False,
     policy: str = "fcfs",
     include_finished_set: bool = False,
+    num_spec_tokens: int = 0,
 ):
     """Build ``SeqHooksScheduler`` (or, with ``stock=True``, vLLM's own
     ``Scheduler`` / ``AsyncScheduler`` on the same config).
@@ -234,6 +267,7 @@ def make_scheduler(
         enable_prefix_caching=enable_prefix_caching,
         hooks=spec,
         policy=policy,
+        num_spec_tokens=num_spec_tokens,
     )
     kv_cache_config = make_kv_cache_config(num_blocks, block_size)
     kwargs = dict(
@@ -314,7 +348,7 @@ class InvariantError(AssertionError):
     """Scheduler bookkeeping broken (see :func:`check_invariants`)."""
 
 
-def check_invariants(sched) -> None:
+def check_invariants(sched, scheduler_output=None) -> None:
     """Scheduler bookkeeping that must hold between steps.
 
     * every live request sits in exactly one of ``running``, ``waiting``,
@@ -322,7 +356,8 @@ def check_invariants(sched) -> None:
     * ``num_waiting_for_streaming_input`` equals the number of requests with
       status ``WAITING_FOR_STREAMING_REQ``;
     * a request's token list starts with its prompt, and it never has more
-      computed tokens than tokens (+ output placeholders).
+      computed tokens than tokens (+ output placeholders, + the draft tokens
+      ``scheduler_output`` scheduled for it, when given).
     """
     from vllm.v1.request import RequestStatus
 
@@ -346,11 +381,14 @@ def check_invariants(sched) -> None:
                 f"prompt ({len(prompt)} tokens, num_prompt_tokens="
                 f"{req.num_prompt_tokens})"
             )
-        if req.num_computed_tokens > req.num_tokens + req.num_output_placeholders:
+        drafts = 0
+        if scheduler_output is not None:
+            drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(rid, ()))
+        if req.num_computed_tokens > req.num_tokens + req.num_output_placeholders + drafts:
             problems.append(
                 f"{rid}: num_computed_tokens {req.num_computed_tokens} > "
                 f"num_tokens {req.num_tokens} + placeholders "
-                f"{req.num_output_placeholders}"
+                f"{req.num_output_placeholders} + drafts {drafts}"
             )
     for rid in counts:
         if rid not in sched.requests:
@@ -383,10 +421,20 @@ class SchedHarness:
         scheduler=None,
         scripts: dict[str, Sequence[int]] | None = None,
         check: bool = True,
+        num_spec_tokens: int | None = None,
+        acceptance: Callable[[str, int, int], int] | None = None,
         **scheduler_kwargs: Any,
     ) -> None:
+        if num_spec_tokens is None:
+            num_spec_tokens = int(os.environ.get("SEQHOOKS_HARNESS_SPEC_TOKENS", "0"))
         self.async_scheduling = async_scheduling
-        self.sched = scheduler or make_scheduler(async_scheduling, **scheduler_kwargs)
+        self.num_spec_tokens = num_spec_tokens
+        #: fn(request_id, index of the first token sampled, drafts) -> how
+        #: many drafts the "model" accepts (default: all).
+        self.acceptance = acceptance or (lambda rid, index, drafts: drafts)
+        self.sched = scheduler or make_scheduler(
+            async_scheduling, num_spec_tokens=num_spec_tokens, **scheduler_kwargs
+        )
         self.block_size = self.sched.block_size
         self.scripts: dict[str, list[int]] = {
             k: list(v) for k, v in (scripts or {}).items()
@@ -440,8 +488,9 @@ class SchedHarness:
         self.sched.add_request(req)
         return req
 
-    def abort(self, request_ids: Iterable[str] | str):
-        """``EngineCore.abort_requests``: finish_requests(..., ABORTED)."""
+    def abort(self, request_ids: Iterable[str] | str, scheduler_output=None):
+        """``EngineCore.abort_requests``: finish_requests(..., ABORTED)
+        (``scheduler_output``: the step in flight, if any)."""
         from vllm.v1.request import RequestStatus
 
         if isinstance(request_ids, str):
@@ -450,7 +499,7 @@ class SchedHarness:
             list(request_ids), RequestStatus.FINISHED_ABORTED
         )
         if self.check:
-            check_invariants(self.sched)
+            check_invariants(self.sched, scheduler_output)
         return finished
 
     # -------------------------------------------------------------- worker
@@ -461,22 +510,30 @@ class SchedHarness:
         return filler(request_id, index)
 
     def execute(self, scheduler_output):
-        """The worker: one sampled token per request that finished its
-        prefill in this step (none for a non-final prefill chunk)."""
+        """The worker: for every request that finished its prefill in this
+        step (none for a non-final prefill chunk), one sampled token, or,
+        with drafts scheduled, the accepted drafts plus one."""
         from vllm.v1.outputs import ModelRunnerOutput
 
         req_ids = list(scheduler_output.num_scheduled_tokens)
+        spec = scheduler_output.scheduled_spec_decode_tokens
         sampled: list[list[int]] = []
         for rid in req_ids:
             req = self.sched.requests[rid]
             if req.is_prefill_chunk:
                 sampled.append([])
                 continue
-            extra = req.sampling_params.extra_args or {}
-            index = int(extra.get(SAMPLED_BEFORE_ARG, 0)) + (
-                req.num_computed_tokens - req.num_prompt_tokens
-            )
-            sampled.append([self.token_for(rid, index)])
+            index, readded = self._next_index(scheduler_output, rid)
+            drafts = spec.get(rid, ())
+            if not self.async_scheduling:
+                # vLLM pads a resumed decode with -1 drafts: never accepted.
+                drafts = drafts[: drafts.index(-1)] if -1 in drafts else drafts
+            elif readded:
+                # Under async scheduling every draft is a -1 placeholder the
+                # worker fills in; it has none for a request it just got.
+                drafts = ()
+            accepted = min(len(drafts), self.acceptance(rid, index, len(drafts)))
+            sampled.append([self.token_for(rid, index + i) for i in range(accepted + 1)])
         return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -485,6 +542,45 @@ class SchedHarness:
             prompt_logprobs_dict={},
             pooler_output=[],
         )
+
+    def _next_index(self, scheduler_output, rid: str) -> tuple[int, bool]:
+        """Script index of the next token ``rid`` samples (the scripted
+        logits processor's ``k``), and whether the worker (re)gets the
+        request in this step."""
+        req = self.sched.requests[rid]
+        extra = req.sampling_params.extra_args or {}
+        before = int(extra.get(SAMPLED_BEFORE_ARG, 0))
+        cached = scheduler_output.scheduled_cached_reqs
+        readded = rid in cached.resumed_req_ids or any(
+            r.req_id == rid for r in scheduler_output.scheduled_new_reqs
+        )
+        if not self.num_spec_tokens:
+            return before + req.num_computed_tokens - req.num_prompt_tokens, readded
+        # The scheduler's count of computed tokens assumes every draft in
+        # flight is accepted; the worker knows what it sampled.
+        index = before + req.num_tokens - req.num_prompt_tokens
+        if not readded:
+            for out, mro in self.batch_queue:
+                i = mro.req_id_to_index.get(rid)
+                if i is not None:
+                    index += len(mro.sampled_token_ids[i])
+        return index, readded
+
+    def propose_drafts(self, scheduler_output) -> None:
+        """``EngineCore.post_step`` under sync scheduling: the next
+        ``num_spec_tokens`` script tokens of each request of the step."""
+        from vllm.v1.outputs import DraftTokenIds
+
+        req_ids, drafts = [], []
+        for rid in scheduler_output.num_scheduled_tokens:
+            req = self.sched.requests.get(rid)
+            if req is None or req.is_finished():
+                continue
+            extra = req.sampling_params.extra_args or {}
+            index = int(extra.get(SAMPLED_BEFORE_ARG, 0)) + req.num_tokens - req.num_prompt_tokens
+            req_ids.append(rid)
+            drafts.append([self.token_for(rid, index + i) for i in range(self.num_spec_tokens)])
+        self.sched.update_draft_token_ids(DraftTokenIds(req_ids, drafts))
 
     # -------------------------------------------------------------- engine
     def has_work(self) -> bool:
@@ -501,7 +597,7 @@ class SchedHarness:
             {rid: before.get(rid, 0) for rid in out.num_scheduled_tokens}
         )
         if self.check:
-            check_invariants(self.sched)
+            check_invariants(self.sched, out)
         for cb in self.after_schedule:
             cb(self, out)
         return out
@@ -509,7 +605,7 @@ class SchedHarness:
     def _update(self, scheduler_output, model_runner_output) -> list[Any]:
         if self.pending_aborts:
             ids, self.pending_aborts = self.pending_aborts, []
-            self.abort(ids)
+            self.abort(ids, scheduler_output)
         outs = self.sched.update_from_output(scheduler_output, model_runner_output)
         flat: list[Any] = []
         for client_index, eco in outs.items():
@@ -542,7 +638,10 @@ class SchedHarness:
                 return None
             out = self._schedule()
             mro = self.execute(out)
-            return self._update(out, mro)
+            outputs = self._update(out, mro)
+            if self.num_spec_tokens and out.total_num_scheduled_tokens > 0:
+                self.propose_drafts(out)
+            return outputs
         # EngineCore.step_with_batch_queue with a queue of 2.
         queue = self.batch_queue
         if self.sched.has_requests():
