@@ -85,3 +85,17 @@ def test_conflicting_scheduler_is_an_error(tiny_model_dir, capsys, monkeypatch, 
                                    "vllm.v1.core.sched.scheduler.Scheduler"])
     assert exc.value.code == 2
     assert "--scheduler-cls" in capsys.readouterr().err
+
+
+def test_kv_transfer_config_with_hooks_is_an_error(tiny_model_dir, capsys, monkeypatch, tmp_path):
+    from vllm_seqhooks.metrics import ENV_DIR
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    with pytest.raises(SystemExit) as exc:
+        serve_parser().parse_args([
+            tiny_model_dir, "--sync-token-id", "6", "--promise-token-id", "4",
+            "--kv-transfer-config", '{"kv_connector": "ExampleConnector", "kv_role": "kv_both"}',
+        ])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--kv-transfer-config" in err and "parked at <sync>" in err

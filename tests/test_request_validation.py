@@ -150,3 +150,43 @@ def test_when_imported_runs_after_the_import(tmp_path, monkeypatch):
     when_imported("seqhooks_probe_mod", lambda: seen.append("now"))
     assert seen == [41, "now"]
     monkeypatch.delitem(sys.modules, "seqhooks_probe_mod")
+
+
+# ---------------------------------------------------------------------------
+# Engines hooks refuse at start-up
+# ---------------------------------------------------------------------------
+def test_hooks_refuse_kv_connectors():
+    from vllm.config import KVTransferConfig
+
+    from vllm_seqhooks.config import SpecialKwargs
+    from vllm_seqhooks.llm import engine_kwargs_for_hooks
+    from vllm_seqhooks.scheduler import unsupported_engine
+
+    config = make_vllm_config(False, hooks={})
+    assert unsupported_engine(config) is None
+    config.kv_transfer_config = KVTransferConfig(kv_connector="ExampleConnector",
+                                                 kv_role="kv_both")
+    assert "kv_transfer_config" in unsupported_engine(config)
+    hooks = SpecialKwargs(sync_token_id=6, promise_token_id=4, merge_separator_token_ids=(8,))
+    with pytest.raises(ValueError, match="kv_transfer_config"):
+        engine_kwargs_for_hooks(hooks, {"kv_transfer_config": {"kv_connector": "X"}})
+
+
+def test_hooks_refuse_models_with_recurrent_state():
+    """A KV cache group that is not attention (Mamba / linear attention):
+    the scheduler refuses to start, saying why."""
+    import torch
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+    from vllm_seqhooks.scheduler import SeqHooksScheduler
+    from vllm_seqhooks.testing.sched_harness import make_kv_cache_config
+
+    config = make_vllm_config(False, hooks={})
+    attention = make_kv_cache_config(64, 16)
+    mamba = KVCacheGroupSpec(["mamba"], MambaSpec(block_size=16, shapes=((4, 4),),
+                                                  dtypes=(torch.float32,)))
+    hybrid = KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
+                           kv_cache_groups=[*attention.kv_cache_groups, mamba])
+    with pytest.raises(ValueError, match="only per-token state is attention KV.*MambaSpec"):
+        SeqHooksScheduler(vllm_config=config, kv_cache_config=hybrid,
+                          structured_output_manager=None, block_size=16)

@@ -24,6 +24,10 @@ from vllm_seqhooks import _vllm_private
 from vllm_seqhooks.trace import attach_traces
 
 SCHEDULER_QUALNAME = "vllm_seqhooks.scheduler.SeqHooksScheduler"
+KV_TRANSFER_REFUSAL = (
+    "sequence hooks cannot be combined with kv_transfer_config: KV connectors "
+    "treat a parent parked at <sync> as a finished request"
+)
 
 
 def load_tokenizer(model: str, **engine_kwargs: Any):
@@ -50,6 +54,8 @@ def engine_kwargs_for_hooks(
             "special_kwargs installs its own scheduler; scheduler_cls="
             f"{engine_kwargs['scheduler_cls']!r} cannot be combined with it"
         )
+    if engine_kwargs.get("kv_transfer_config") is not None:
+        raise ValueError(KV_TRANSFER_REFUSAL)
     out = dict(engine_kwargs)
     out["scheduler_cls"] = SCHEDULER_QUALNAME
     if not out.get("worker_extension_cls"):

@@ -169,7 +169,15 @@ def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
     if getattr(namespace, "_seqhooks_applied", False):
         return SpecialKwargs.from_additional_config(namespace.additional_config)
     hooks = SpecialKwargs.from_dict(given)
-    from vllm_seqhooks.llm import SCHEDULER_QUALNAME, WORKER_EXTENSION_QUALNAME, load_tokenizer
+    from vllm_seqhooks.llm import (
+        KV_TRANSFER_REFUSAL,
+        SCHEDULER_QUALNAME,
+        WORKER_EXTENSION_QUALNAME,
+        load_tokenizer,
+    )
+
+    if getattr(namespace, "kv_transfer_config", None) is not None:
+        raise SpecialKwargsError(f"--kv-transfer-config: {KV_TRANSFER_REFUSAL}")
 
     model = getattr(namespace, "model_tag", None) or getattr(namespace, "model", None)
     try:
