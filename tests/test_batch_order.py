@@ -178,3 +178,60 @@ def test_scheduler_installs_the_order_only_without_our_worker_extension(
     monkeypatch.setattr(sched_harness, "make_vllm_config", with_extension)
     sched_harness.make_scheduler(False, hooks={"batch_order": batch_order})
     assert bool(calls) == installs
+
+
+# ---------------------------------------------------------------------------
+# Model Runner V2: the order comes from the scheduler output
+# ---------------------------------------------------------------------------
+def _v2_batches(monkeypatch, batch_order: str) -> list[list[str]]:
+    """Decode batches as vLLM's V2 runner orders them (its own
+    ``sort_batch_req_ids``), for 4 families whose children start together
+    (child 0 of every family, then child 1 of every family)."""
+    import vllm.config.vllm as vllm_config_module
+    from vllm.v1.worker.gpu.model_runner import sort_batch_req_ids
+
+    from vllm_seqhooks.testing.sched_harness import (
+        EOS_ID, PROMISE_END_ID as E, PROMISE_ID as P, SYNC_ID as S, SchedHarness, child_id)
+
+    # The scheduler is built for the V2 runner (no model runs here, so
+    # vLLM's check that Triton is importable is waived).
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    monkeypatch.setattr(vllm_config_module, "HAS_TRITON", True)
+    h = SchedHarness(False, hooks={"batch_order": batch_order}, num_blocks=200,
+                     max_num_seqs=32)
+    assert h.sched.use_v2_model_runner
+    for f in range(4):
+        rid = f"fam{f}"
+        h.add(rid, [30 + f] * 20, max_tokens=60,
+              script=[P, 41, E, P, 42, E, P, 43, E, S, EOS_ID])
+        for c in range(3):
+            h.scripts[child_id(rid, c)] = [60 + c] * 12 + [EOS_ID]
+    batches = []
+    h.after_schedule.append(lambda hh, out: batches.append(
+        [r for r in sort_batch_req_ids(out.num_scheduled_tokens,
+                                       out.scheduled_spec_decode_tokens, 1)
+         if out.num_scheduled_tokens[r] == 1]))
+    h.run(max_steps=200)
+    return batches
+
+
+def _interleaved(batch: list[str]) -> bool:
+    runs = [family_of(r) for i, r in enumerate(batch)
+            if i == 0 or family_of(batch[i - 1]) != family_of(r)]
+    return len(runs) != len(set(runs))
+
+
+def test_v2_runner_batches_keep_families_together(monkeypatch):
+    grouped = _v2_batches(monkeypatch, "family")
+    assert grouped and not any(_interleaved(b) for b in grouped)
+    # Control: vLLM's own order interleaves the same workload.
+    assert any(_interleaved(b) for b in _v2_batches(monkeypatch, "arrival"))
+
+
+def test_grouped_order():
+    from vllm_seqhooks.batch_order import grouped_order
+
+    c = lambda p, i: f"{p}@seqhooks-child{i}"  # noqa: E731
+    assert grouped_order(["a", "b", c("a", 0)]) == ["a", c("a", 0), "b"]
+    assert grouped_order(["a", c("a", 0), "b"]) is None
+    assert grouped_order(["a", "b"]) is None

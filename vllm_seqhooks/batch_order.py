@@ -16,8 +16,11 @@ docs/benchmarks/attention_order.md and README.md).
 :func:`grouping_swaps` computes the swaps that group a batch by family
 (the top-level request and all its descendants), keeping the families in
 the order of their first member and each family's members in their current
-order. ``_vllm_private.install_family_batch_order`` applies them in the
-model runner before each step. No vLLM import here.
+order. ``_vllm_private.install_family_batch_order`` applies them in the V1
+model runner's persistent batch before each step. The V2 model runner has no
+persistent batch: it orders each step's requests as the scheduler output
+lists them (stably sorted, decodes first), so the scheduler lists them in
+:func:`grouped_order`. No vLLM import here.
 """
 
 from __future__ import annotations
@@ -32,6 +35,30 @@ def family_of(request_id: str) -> str:
     return request_id.split(CHILD_ID_MARKER, 1)[0]
 
 
+def family_groups(request_ids: Sequence[str]) -> dict[str, list[int]]:
+    """Indexes of ``request_ids`` by family, families in order of their
+    first member, members in their order."""
+    groups: dict[str, list[int]] = {}
+    for index, rid in enumerate(request_ids):
+        groups.setdefault(family_of(rid), []).append(index)
+    return groups
+
+
+def grouped_order(request_ids: Sequence[str]) -> list[str] | None:
+    """``request_ids`` with every family contiguous (families in order of
+    their first member, members in their order), or None when they already
+    are. The fork/join scheduler puts its output's requests in this order:
+    the V2 model runner builds its batch from that order (sorted, stably,
+    decodes first), so decode batches keep families together."""
+    groups = family_groups(request_ids)
+    if len(groups) == len(request_ids):
+        return None
+    order = [index for members in groups.values() for index in members]
+    if all(i == j for i, j in enumerate(order)):
+        return None
+    return [request_ids[i] for i in order]
+
+
 def grouping_swaps(request_ids: Sequence[str]) -> list[tuple[int, int]]:
     """Swaps ``(i, j)``, applied in order, that make every family contiguous.
 
@@ -40,9 +67,7 @@ def grouping_swaps(request_ids: Sequence[str]) -> list[tuple[int, int]]:
     usual case once a family's children have all started), so a step costs
     one pass over the ids.
     """
-    groups: dict[str, list[int]] = {}
-    for index, rid in enumerate(request_ids):
-        groups.setdefault(family_of(rid), []).append(index)
+    groups = family_groups(request_ids)
     if len(groups) == len(request_ids):
         return []
     target = [index for members in groups.values() for index in members]

@@ -38,6 +38,7 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 from vllm_seqhooks import _vllm_private
+from vllm_seqhooks.batch_order import grouped_order
 from vllm_seqhooks.config import (
     ADDITIONAL_CONFIG_KEY,
     WORKER_EXTENSION_QUALNAME,
@@ -124,6 +125,7 @@ class SeqHooksMixin:
     _requeue_after_step: tuple = ()
     _num_parked = 0
     _children_starved = False
+    _order_output_by_family = False
     deps = DependencyManager()
     metrics = HookMetrics("-", "-", None, mirror=False)
 
@@ -141,16 +143,19 @@ class SeqHooksMixin:
             hooks = _resolve_in_engine(hooks, vllm_config)
         hooks.check_vocab(vllm_config.model_config.get_vocab_size())
         self.hooks = hooks
-        if hooks.batch_order == "family":
-            if getattr(self, "use_v2_model_runner", False):
-                logger.info("vllm-seqhooks: batch_order='family' applies to vLLM's V1 "
-                            "model runner; the V2 runner keeps its own order")
-            elif (vllm_config.parallel_config.worker_extension_cls
-                  != WORKER_EXTENSION_QUALNAME):
-                # The user's own worker extension replaced ours, which would
-                # install the order in each worker process: install it here,
-                # which covers a worker running in this process.
-                _vllm_private.install_family_batch_order()
+        #: Reorder each scheduler output by family: the V2 runner batches
+        #: requests in the output's order (the V1 runner keeps a persistent
+        #: batch, grouped in the worker; see vllm_seqhooks.worker).
+        self._order_output_by_family = (
+            hooks.batch_order == "family" and bool(getattr(self, "use_v2_model_runner", False))
+        )
+        if (hooks.batch_order == "family" and not self._order_output_by_family
+                and vllm_config.parallel_config.worker_extension_cls
+                != WORKER_EXTENSION_QUALNAME):
+            # The user's own worker extension replaced ours, which would
+            # install the order in each worker process: install it here,
+            # which covers a worker running in this process.
+            _vllm_private.install_family_batch_order()
         self.deps = DependencyManager()
         self._hook_states: dict[str, _HookState] = {}
         #: Ids of live child requests (outputs filtered from EngineCore).
@@ -567,6 +572,8 @@ class SeqHooksMixin:
                 self.num_waiting_for_streaming_input += parked
         if self._accounting or self._children:
             self._account(out)
+        if self._children and self._order_output_by_family:
+            _order_by_family(out.num_scheduled_tokens)
         self._children_starved = bool(self._children) and self._child_left_waiting(out)
         return out
 
@@ -995,6 +1002,17 @@ class SeqHooksMixin:
             "parked": self._num_parked,
             "requests": len(self.requests),
         }
+
+
+def _order_by_family(num_scheduled_tokens: dict[str, int]) -> None:
+    """Put the step's requests in family order (the same dict, reordered)."""
+    order = grouped_order(list(num_scheduled_tokens))
+    if order is None:
+        return
+    counts = dict(num_scheduled_tokens)
+    num_scheduled_tokens.clear()
+    for rid in order:
+        num_scheduled_tokens[rid] = counts[rid]
 
 
 def unsupported_engine(vllm_config, kv_cache_config=None) -> str | None:
