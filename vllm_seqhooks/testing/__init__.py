@@ -1,5 +1,6 @@
-"""Offline testing tools: a tiny random Llama model and a token-forcing
-logits processor.
+"""Offline testing tools: a tiny random Llama model, a token-forcing
+logits processor (``scripted`` for vLLM's V1 model runner, ``scripted_v2``
+for Model Runner V2) and ``v2_runner``, which runs Model Runner V2 on CPU.
 
 ``vllm_seqhooks.testing.tiny_model`` imports neither vLLM nor torch at import
 time; ``vllm_seqhooks.testing.scripted`` imports vLLM.  The names below are
@@ -37,10 +38,12 @@ _TINY_MODEL_NAMES = (
 )
 _SCRIPTED_NAMES = (
     "SCRIPTED_LOGITS_PROCESSOR_FQCN",
+    "SCRIPTED_LOGITS_PROCESSOR_V2_FQCN",
     "ScriptedTokensLogitsProcessor",
     "encode_script",
     "resolve_script",
     "scripted_params",
+    "scripted_processor_for",
 )
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from vllm_seqhooks.testing.scripted import (
-    ScriptedTokensLogitsProcessor,
     encode_script,
     scripted_params,
+    scripted_processor_for,
 )
 from vllm_seqhooks.testing.tiny_model import (
     EOS_ID,
@@ -25,13 +25,28 @@ TINY_HOOKS: dict[str, Any] = dict(
     promise_end_token_id=PROMISE_END_ID,
 )
 
-def hook_llm(model: str, *, hooks: Mapping[str, Any] | None = None, **engine_kwargs: Any):
-    """A ``vllm_seqhooks.LLM`` on the tiny model with the scripted-token
-    logits processor installed."""
-    from vllm_seqhooks.llm import LLM
+
+def scripted_engine_kwargs(model: str, **engine_kwargs: Any) -> dict[str, Any]:
+    """Engine keyword arguments for the tiny model: ``TINY_ENGINE_KWARGS``
+    updated with ``engine_kwargs``, plus the scripted-token logits processor
+    for the model runner vLLM will use (V1 or V2, see
+    :func:`vllm_seqhooks.testing.v2_runner.uses_v2_model_runner`) unless
+    ``logits_processors`` is given."""
+    from vllm_seqhooks.testing.v2_runner import uses_v2_model_runner
 
     kwargs = {**TINY_ENGINE_KWARGS, **engine_kwargs}
-    kwargs.setdefault("logits_processors", [ScriptedTokensLogitsProcessor])
+    if "logits_processors" not in kwargs:
+        use_v2 = uses_v2_model_runner({"model": model, **kwargs})
+        kwargs["logits_processors"] = [scripted_processor_for(use_v2)]
+    return kwargs
+
+
+def hook_llm(model: str, *, hooks: Mapping[str, Any] | None = None, **engine_kwargs: Any):
+    """A ``vllm_seqhooks.LLM`` on the tiny model with the scripted-token
+    logits processor installed (see :func:`scripted_engine_kwargs`)."""
+    from vllm_seqhooks.llm import LLM
+
+    kwargs = scripted_engine_kwargs(model, **engine_kwargs)
     return LLM(model, special_kwargs={**TINY_HOOKS, **(hooks or {})}, **kwargs)
 
 

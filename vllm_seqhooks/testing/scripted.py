@@ -1,16 +1,21 @@
-"""Force the tokens a request samples: a vLLM V1 logits processor for tests.
+"""Force the tokens a request samples: vLLM logits processors for tests.
 
-:class:`ScriptedTokensLogitsProcessor` reads each request's
+:class:`ScriptedTokensLogitsProcessor` (V1 model runner) and its Model Runner
+V2 twin (see the end of this docstring) read each request's
 ``SamplingParams.extra_args``:
 
 ``seqhooks_script`` (list of int)
     The k-th token sampled by the request is forced to ``script[k]`` (every
-    other logit is set to ``-inf``, the forced one to 0), with
-    ``k = seqhooks_sampled_before + len(output_token_ids)``.
+    other logit is set to ``-inf``, the forced one to 0), where k is
+    ``seqhooks_sampled_before`` plus the number of tokens sampled since the
+    request was last added to the model runner (the length of its output
+    list on V1; on V2, the position being sampled minus the prompt length of
+    that add).
 ``seqhooks_sampled_before`` (int, default 0)
     Tokens the request sampled before its current output list began.  The
     fork/join scheduler re-adds a parent to the worker after a join with a
-    fresh output list and a copy of its ``extra_args`` carrying this key;
+    fresh output list (the merged context becomes its prompt) and a copy of
+    its ``extra_args`` carrying this key;
     the processor re-reads the params on every "added" entry, so the new
     value is used from then on.
 ``seqhooks_script_end`` (``"free"`` (default) or ``"eos"``)
@@ -71,10 +76,20 @@ may only be scalars or flat lists, so there ``seqhooks_child_scripts`` is
 given as a JSON string (``json.dumps({"0": [...]})``), which the processor
 also accepts.
 
-This is the V1 model-runner interface (``vllm.v1.sample.logits_processor``),
-used by the CPU backend.  The GPU backend of vLLM 0.32 defaults to the V2
-model runner, which needs another interface: set
-``VLLM_USE_V2_MODEL_RUNNER=0`` there.
+Two model runners, two classes, one behaviour.  vLLM 0.32 has two logits
+processor interfaces: the V1 model runner's
+(``vllm.v1.sample.logits_processor``, used by the CPU backend and by GPUs with
+``VLLM_USE_V2_MODEL_RUNNER=0``) takes :class:`ScriptedTokensLogitsProcessor`;
+Model Runner V2's (``vllm.v1.worker.gpu.sample.logits_processor``, the GPU
+default) takes
+:class:`vllm_seqhooks.testing.scripted_v2.ScriptedTokensLogitsProcessorV2`
+(``SCRIPTED_LOGITS_PROCESSOR_V2_FQCN``), and each runner rejects the other's
+class.  :func:`scripted_processor_for` picks the class for a ``VllmConfig`` or
+a flag (:func:`vllm_seqhooks.testing.v2_runner.uses_v2_model_runner` predicts
+the flag from engine arguments); :func:`vllm_seqhooks.testing.forkjoin.hook_llm`
+does this itself.  Both classes share :func:`forcing_plan`, so the keys above
+mean the same on both; tests run V2 on CPU through
+:mod:`vllm_seqhooks.testing.v2_runner`.
 """
 
 from __future__ import annotations
@@ -83,6 +98,7 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -114,9 +130,14 @@ STEP_DELAY_KEY = "seqhooks_step_delay_ms"
 
 SCRIPT_ENDS = ("free", "eos")
 
-#: The ``<module>:<qualname>`` string vLLM accepts (``--logits-processors``).
+#: The ``<module>:<qualname>`` string vLLM accepts (``--logits-processors``),
+#: V1 model runner.
 SCRIPTED_LOGITS_PROCESSOR_FQCN = (
     "vllm_seqhooks.testing.scripted:ScriptedTokensLogitsProcessor"
+)
+#: The same for Model Runner V2 (:mod:`vllm_seqhooks.testing.scripted_v2`).
+SCRIPTED_LOGITS_PROCESSOR_V2_FQCN = (
+    "vllm_seqhooks.testing.scripted_v2:ScriptedTokensLogitsProcessorV2"
 )
 
 
@@ -225,30 +246,85 @@ def resolve_script(
     return list(script), int(extra_args.get(SAMPLED_BEFORE_KEY, 0) or 0), end
 
 
-class _Scripted:
-    """Per-row state: the script and a live reference to the output ids."""
+def model_eos_token_id(vllm_config: VllmConfig | None) -> int | None:
+    """The ``eos_token_id`` of the model's ``config.json`` (first of a list)."""
+    try:
+        eos = vllm_config.model_config.hf_text_config.eos_token_id
+    except AttributeError:
+        return None
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return eos if _is_int(eos) else None
 
-    __slots__ = ("script", "offset", "end_token", "output_ids", "delay_s")
 
-    def __init__(
-        self,
-        script: list[int],
-        offset: int,
-        end_token: int | None,
-        output_ids: Sequence[int],
-        delay_s: float = 0.0,
-    ) -> None:
-        self.script = script
-        self.offset = offset
-        self.end_token = end_token
-        self.output_ids = output_ids
-        self.delay_s = delay_s
+@dataclass(frozen=True)
+class ForcingPlan:
+    """What to force for one request, whichever model-runner interface asks.
 
-    def forced_token(self) -> int | None:
-        k = self.offset + len(self.output_ids)
+    ``token_at(k)`` is the token forced as the request's k-th sampled token
+    (counting from its first sampled token, ``sampled_before`` included), or
+    ``None`` to leave the logits alone.
+    """
+
+    script: tuple[int, ...]
+    sampled_before: int
+    end_token: int | None
+    delay_s: float = 0.0
+
+    def token_at(self, k: int) -> int | None:
+        if k < 0:
+            return None
         if k < len(self.script):
             return self.script[k]
         return self.end_token
+
+
+def forcing_plan(
+    params: SamplingParams, default_eos_token_id: int | None = None
+) -> ForcingPlan | None:
+    """The :class:`ForcingPlan` of a request, or ``None`` when it is not forced.
+
+    ``default_eos_token_id`` (the model's, see :func:`model_eos_token_id`) is
+    the last resort for ``seqhooks_script_end="eos"``.
+    """
+    resolved = resolve_script(params.extra_args)
+    if resolved is None:
+        return None
+    script, sampled_before, end = resolved
+    end_token = None
+    if end == "eos":
+        end_token = params.extra_args.get(EOS_TOKEN_ID_KEY)
+        if end_token is None:
+            end_token = params.eos_token_id
+        if end_token is None:
+            end_token = default_eos_token_id
+        if end_token is None:
+            logger.warning(
+                "seqhooks_script_end='eos' but no EOS token id is known; "
+                "set extra_args[%r]. Not forcing after the script.",
+                EOS_TOKEN_ID_KEY,
+            )
+    if not script and end_token is None:
+        return None
+    delay_s = float(params.extra_args.get(STEP_DELAY_KEY, 0) or 0) / 1000
+    return ForcingPlan(tuple(script), sampled_before, end_token, delay_s)
+
+
+class _Scripted:
+    """Per-row state: the plan and a live reference to the output ids."""
+
+    __slots__ = ("plan", "output_ids")
+
+    def __init__(self, plan: ForcingPlan, output_ids: Sequence[int]) -> None:
+        self.plan = plan
+        self.output_ids = output_ids
+
+    @property
+    def delay_s(self) -> float:
+        return self.plan.delay_s
+
+    def forced_token(self) -> int | None:
+        return self.plan.token_at(self.plan.sampled_before + len(self.output_ids))
 
 
 class ScriptedTokensLogitsProcessor(LogitsProcessor):
@@ -258,20 +334,10 @@ class ScriptedTokensLogitsProcessor(LogitsProcessor):
         self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool
     ) -> None:
         self.device = device
-        self.default_eos_token_id = self._model_eos_token_id(vllm_config)
+        self.default_eos_token_id = model_eos_token_id(vllm_config)
         # persistent-batch row index -> state
         self.rows: dict[int, _Scripted] = {}
         self._warned_out_of_range = False
-
-    @staticmethod
-    def _model_eos_token_id(vllm_config: VllmConfig | None) -> int | None:
-        try:
-            eos = vllm_config.model_config.hf_text_config.eos_token_id
-        except AttributeError:
-            return None
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
-        return eos if _is_int(eos) else None
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
@@ -283,27 +349,8 @@ class ScriptedTokensLogitsProcessor(LogitsProcessor):
     def _new_state(
         self, params: SamplingParams, output_ids: Sequence[int]
     ) -> _Scripted | None:
-        resolved = resolve_script(params.extra_args)
-        if resolved is None:
-            return None
-        script, offset, end = resolved
-        end_token = None
-        if end == "eos":
-            end_token = params.extra_args.get(EOS_TOKEN_ID_KEY)
-            if end_token is None:
-                end_token = params.eos_token_id
-            if end_token is None:
-                end_token = self.default_eos_token_id
-            if end_token is None:
-                logger.warning(
-                    "seqhooks_script_end='eos' but no EOS token id is known; "
-                    "set extra_args[%r]. Not forcing after the script.",
-                    EOS_TOKEN_ID_KEY,
-                )
-        if not script and end_token is None:
-            return None
-        delay_s = float(params.extra_args.get(STEP_DELAY_KEY, 0) or 0) / 1000
-        return _Scripted(script, offset, end_token, output_ids, delay_s)
+        plan = forcing_plan(params, self.default_eos_token_id)
+        return None if plan is None else _Scripted(plan, output_ids)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
@@ -360,6 +407,22 @@ class ScriptedTokensLogitsProcessor(LogitsProcessor):
         logits[rows_t] = float("-inf")
         logits[rows_t, toks_t] = 0.0
         return logits
+
+
+def scripted_processor_for(use_v2: bool | VllmConfig) -> type:
+    """The scripted processor class for a model runner.
+
+    ``use_v2`` is a ``VllmConfig`` (vLLM's own decision,
+    ``VllmConfig.use_v2_model_runner``) or a bool (e.g. from
+    :func:`vllm_seqhooks.testing.v2_runner.uses_v2_model_runner`).
+    """
+    if not isinstance(use_v2, bool):
+        use_v2 = use_v2.use_v2_model_runner
+    if use_v2:
+        from vllm_seqhooks.testing.scripted_v2 import ScriptedTokensLogitsProcessorV2
+
+        return ScriptedTokensLogitsProcessorV2
+    return ScriptedTokensLogitsProcessor
 
 
 # --------------------------------------------------------------------------
@@ -460,13 +523,18 @@ __all__ = [
     "CHILD_SCRIPTS_KEY",
     "CHILD_SCRIPT_END_KEY",
     "EOS_TOKEN_ID_KEY",
+    "ForcingPlan",
     "SAMPLED_BEFORE_KEY",
     "SCRIPTED_LOGITS_PROCESSOR_FQCN",
+    "SCRIPTED_LOGITS_PROCESSOR_V2_FQCN",
     "SCRIPT_END_KEY",
     "SCRIPT_KEY",
     "ScriptedTokensLogitsProcessor",
     "encode_script",
+    "forcing_plan",
+    "model_eos_token_id",
     "resolve_script",
     "scripted_params",
+    "scripted_processor_for",
     "validate_script_args",
 ]
