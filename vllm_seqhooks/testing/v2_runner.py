@@ -284,9 +284,24 @@ def run_in_v2(
     ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the process
     group is killed), ``RuntimeError`` when Triton is missing.
     """
-    request = {"target": _target_spec(target), "kwargs": dict(kwargs or {})}
     child_env = v2_env(directory=directory)
     child_env.update(env or {})
+    return run_in_subprocess(target, env=child_env, kwargs=kwargs, sys_path=sys_path,
+                             timeout=timeout)
+
+
+def run_in_subprocess(
+    target: str | Callable[..., Any],
+    *,
+    env: Mapping[str, str],
+    kwargs: Mapping[str, Any] | None = None,
+    sys_path: Sequence[str | os.PathLike] = (),
+    timeout: float = 600,
+) -> Any:
+    """Call ``target(**kwargs)`` in a fresh Python process with environment
+    ``env`` (whole) and return its JSON result; see :func:`run_in_v2`."""
+    child_env = dict(env)
+    request = {"target": _target_spec(target), "kwargs": dict(kwargs or {})}
     if sys_path:
         extra = [os.fspath(p) for p in sys_path]
         child_env["PYTHONPATH"] = os.pathsep.join([child_env["PYTHONPATH"], *extra])
@@ -319,6 +334,9 @@ def run_in_v2(
 def _child_main(request_path: str, result_path: str) -> int:
     request = json.loads(Path(request_path).read_text())
     try:
+        from vllm_seqhooks.testing.engine_modes import apply_async_scheduling_from_env
+
+        apply_async_scheduling_from_env()
         value = _load_target(request["target"])(**request["kwargs"])
         payload = {"ok": True, "result": value}
         text = json.dumps(payload)
@@ -341,6 +359,7 @@ __all__ = [
     "activate_in_this_process",
     "available",
     "register_cpu_backend_stub",
+    "run_in_subprocess",
     "run_in_v2",
     "triton_dir",
     "unavailable_reason",

@@ -1,0 +1,210 @@
+"""The end-to-end fork/join oracles on each engine mode: {V1 runner, V2
+runner} x {sync, async scheduling}. V2 with async scheduling is vLLM's GPU
+default; on CPU it runs through Triton's interpreter
+(``vllm_seqhooks.testing.engine_modes``).
+
+Each mode runs :func:`oracles` once, in a fresh process with the engine in
+that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the scheduler's
+state can be inspected): merged text, exact continuation against a fresh
+request, the forked child against a fresh request, nesting, an abort while
+the parent is parked, every family finishing identically under KV pressure
+(spills), and no block or hook state left behind."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_seqhooks.testing.engine_modes import MODES, EngineMode, run_in_mode
+
+pytestmark = pytest.mark.slow
+
+BLOCK = 32
+#: KV bytes per block of the tiny model: 2 layers x (K, V) x 1 head x 64 x fp32.
+BLOCK_BYTES = 2 * 2 * 1 * 64 * 4 * BLOCK
+PROMPT = "The quick brown fox jumps over the lazy dog; pack my box with five dozen jugs."
+FAMILIES = 12
+
+
+def _idle(llm) -> bool:
+    from vllm_seqhooks.testing.forkjoin import kv_blocks_in_use, scheduler_of
+
+    sched = scheduler_of(llm)
+    sizes = sched.hook_state_sizes()
+    return (sizes == {k: 0 for k in sizes} and kv_blocks_in_use(llm) == 0
+            and not sched.requests and sched.num_waiting_for_streaming_input == 0)
+
+
+def _family_params(S, i):
+    children = {str(j): f"c{i}.{j}" * 4 for j in range(3)}
+    promises = "".join(f"<promise>p{j}</promise>" for j in range(3))
+    return S.params(f"s{i}" + promises + "<sync>t", children)
+
+
+def oracles(model: str) -> dict:
+    """Runs in the mode's process; returns what the tests assert on."""
+    import vllm
+
+    from vllm_seqhooks.testing.forkjoin import (
+        Scripts, hook_llm, model_runner_of, scheduler_of)
+
+    llm = hook_llm(model, max_model_len=512,
+                   hooks=dict(max_child_depth=2, failed_child_marker="[x]"))
+    S = Scripts(llm.get_tokenizer())
+    sched = scheduler_of(llm)
+    res: dict = {"mode": {
+        "scheduler": type(sched).__name__,
+        "use_v2_model_runner": bool(llm.llm_engine.vllm_config.use_v2_model_runner),
+        "model_runner": type(model_runner_of(llm)).__module__,
+    }}
+
+    def gen(prompts, params):
+        return llm.generate(prompts, params, use_tqdm=False)
+
+    # Merged text, in promise order.
+    out = gen(["hello"], S.params("ab<promise>xy</promise><promise>zw</promise>c<sync>done",
+                                  {"0": "AAA", "1": "BBBB"}))[0]
+    res["merged_text"] = out.outputs[0].text
+    res["merged_finish"] = out.outputs[0].finish_reason
+
+    # Exact continuation: after the join the parent goes on as a fresh
+    # request given the same context (hooks off for the reference).
+    prompt_ids = llm.get_tokenizer().encode(PROMPT)
+    script = S("<promise>xy</promise>c<sync>")
+    merged = S("AAA")
+    n_free = 16
+    out = gen([{"prompt_token_ids": prompt_ids}],
+              S.params(script, {"0": "AAA"}, end="free", max_tokens=len(script) + n_free))[0]
+    tokens = list(out.outputs[0].token_ids)
+    res["continuation_prefix_ok"] = tokens[: len(script) + len(merged)] == script + merged
+    res["continuation"] = tokens[len(script) + len(merged):]
+    plain = vllm.SamplingParams(temperature=0, max_tokens=n_free,
+                                extra_args={"seqhooks_enabled": False})
+    ref = gen([{"prompt_token_ids": prompt_ids + script + merged}], plain)[0]
+    res["fresh_continuation"] = list(ref.outputs[0].token_ids)
+
+    # A forked child is a fresh request on the parent's context.
+    script = S("<promise>xy</promise><sync>")
+    out = gen([{"prompt_token_ids": prompt_ids}],
+              S.params(script, None, child_end=None,
+                       extra_args={"seqhooks_child_max_tokens": 10}))[0]
+    res["child_tokens"] = out.hook_trace["children"][0]["output_token_ids"]
+    plain = vllm.SamplingParams(temperature=0, max_tokens=10,
+                                extra_args={"seqhooks_enabled": False})
+    ref = gen([{"prompt_token_ids": prompt_ids + script[:-1]}], plain)[0]
+    res["fresh_child_tokens"] = list(ref.outputs[0].token_ids)
+
+    # Nesting (depth 2): a child forks and joins its own child.
+    out = gen(["nest"], S.params("a<promise>p</promise><sync>z",
+                                 {"0": "b<promise>q</promise><sync>c", "0.0": "DD"}))[0]
+    res["nested_text"] = out.outputs[0].text
+
+    # Abort while parked: the whole family goes, nothing is left.
+    eng = llm.llm_engine
+    eng.add_request("blocked", "hello", S.params(
+        "<promise>a</promise><promise>b</promise><sync>after", None, child_end=None,
+        extra_args={"seqhooks_child_max_tokens": 300}))
+    for _ in range(500):
+        if sched.hook_state_sizes()["parked"] == 1:
+            break
+        eng.step()
+    res["parked_before_abort"] = sched.hook_state_sizes()["parked"]
+    eng.abort_request(["blocked"])
+    for _ in range(500):
+        if not eng.has_unfinished_requests():
+            break
+        eng.step()
+    res["idle_after_abort"] = _idle(llm)
+
+    # KV pressure: every family finishes with the text it has without.
+    prompts = [("Family %d " % i) * 12 for i in range(FAMILIES)]
+    params = [_family_params(S, i) for i in range(FAMILIES)]
+    res["roomy_texts"] = [o.outputs[0].text for o in gen(prompts, params)]
+    res["idle_roomy"] = _idle(llm)
+    del llm
+    tight = hook_llm(model, max_model_len=512, kv_cache_memory_bytes=24 * BLOCK_BYTES,
+                     max_num_seqs=16)
+    tsched = scheduler_of(tight)
+    res["tight_blocks"] = tsched.kv_cache_manager.block_pool.num_gpu_blocks
+    got = tight.generate(prompts, params, use_tqdm=False)
+    res["tight_texts"] = [o.outputs[0].text for o in got]
+    res["tight_finish"] = sorted({o.outputs[0].finish_reason for o in got})
+    res["tight_pressure"] = tsched.hook_stats["spills"] + tsched.hook_stats["preemptions"]
+    res["idle_tight"] = _idle(tight)
+    return res
+
+
+_RESULTS: dict[str, dict] = {}
+
+
+@pytest.fixture(params=MODES, ids=[m.id for m in MODES])
+def mode_results(request, tiny_model_dir) -> tuple[EngineMode, dict]:
+    mode: EngineMode = request.param
+    reason = mode.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    if mode.id not in _RESULTS:
+        _RESULTS[mode.id] = run_in_mode(
+            mode, oracles, kwargs={"model": tiny_model_dir},
+            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    return mode, _RESULTS[mode.id]
+
+
+def test_the_mode_is_the_one_asked_for(mode_results):
+    mode, res = mode_results
+    m = res["mode"]
+    assert m["scheduler"] == ("SeqHooksAsyncScheduler" if mode.async_scheduling
+                              else "SeqHooksSyncScheduler")
+    assert m["use_v2_model_runner"] is (mode.runner == "v2")
+    expected = ("vllm.v1.worker.cpu.model_runner" if mode.runner == "v2"
+                else "vllm.v1.worker.cpu_model_runner")
+    assert m["model_runner"] == expected
+
+
+def test_merged_text(mode_results):
+    _, res = mode_results
+    assert res["merged_text"] == "ab<promise>xy</promise><promise>zw</promise>c<sync>AAA\nBBBBdone"
+    assert res["merged_finish"] == "stop"
+
+
+def test_parent_continues_exactly_like_a_fresh_request(mode_results):
+    _, res = mode_results
+    assert res["continuation_prefix_ok"]
+    assert len(res["continuation"]) == 16
+    assert res["continuation"] == res["fresh_continuation"]
+
+
+def test_forked_child_is_a_fresh_request_on_the_parent_context(mode_results):
+    _, res = mode_results
+    assert len(res["child_tokens"]) == 10
+    assert res["child_tokens"] == res["fresh_child_tokens"]
+
+
+def test_nesting(mode_results):
+    _, res = mode_results
+    assert res["nested_text"] == "a<promise>p</promise><sync>b<promise>q</promise><sync>DDcz"
+
+
+def test_abort_while_parked_leaves_nothing(mode_results):
+    _, res = mode_results
+    assert res["parked_before_abort"] == 1
+    assert res["idle_after_abort"]
+
+
+def test_kv_pressure_every_family_finishes_identically(mode_results):
+    _, res = mode_results
+    assert res["tight_blocks"] < 3 * FAMILIES  # far from what all families need
+    assert res["tight_texts"] == res["roomy_texts"]
+    assert res["tight_finish"] == ["stop"]
+    assert res["tight_pressure"] > 0
+    assert res["idle_roomy"] and res["idle_tight"]
+
+
+def test_all_modes_give_the_same_tokens(tiny_model_dir):
+    """The modes that ran agree with each other token for token."""
+    keys = ("merged_text", "continuation", "child_tokens", "nested_text", "roomy_texts")
+    ran = {mid: r for mid, r in _RESULTS.items()}
+    if len(ran) < 2:
+        pytest.skip("fewer than two engine modes ran")
+    first = next(iter(ran.values()))
+    for mid, res in ran.items():
+        assert {k: res[k] for k in keys} == {k: first[k] for k in keys}, mid
