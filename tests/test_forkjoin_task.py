@@ -149,6 +149,48 @@ def test_trained_model_end_to_end_native_and_client_loop():
         assert res.rounds == (2 if p.chunks else 1)
 
 
+@pytest.mark.slow
+def test_trained_model_with_ngram_speculative_decoding():
+    """Hooks with vLLM's ngram speculative decoding (no logits processor is
+    installed, so vLLM accepts it): the model writes its hook tokens inside
+    accepted draft runs, and every answer and token equals the run without
+    speculation."""
+    from vllm import SamplingParams
+
+    from vllm_seqhooks import LLM
+    from vllm_seqhooks.testing.forkjoin import scheduler_of
+
+    problems = task.heldout_problems(60)
+    params = SamplingParams(temperature=0.0, max_tokens=task.PARENT_MAX_TOKENS)
+    spec = {"method": "ngram", "num_speculative_tokens": 3,
+            "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    texts, tokens = {}, {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        for name, extra in (("plain", {}), ("ngram", {"speculative_config": spec})):
+            llm = LLM(str(task.model_dir()), special_kwargs=task.hook_settings(),
+                      **task.ENGINE_KWARGS, **extra)
+            sched = scheduler_of(llm)
+            drafts = []
+            update = sched.update_from_output
+
+            def counting_update(out, mro, update=update, drafts=drafts):
+                drafts.append(sum(map(len, out.scheduled_spec_decode_tokens.values())))
+                return update(out, mro)
+
+            sched.update_from_output = counting_update
+            outs = llm.generate([p.prompt for p in problems], params, use_tqdm=False)
+            texts[name] = [o.outputs[0].text for o in outs]
+            tokens[name] = [list(o.outputs[0].token_ids) for o in outs]
+            if name == "ngram":
+                assert sum(drafts) > 0, "no draft token was ever scheduled"
+                assert sched.hook_stats["joins"] > 0
+                assert sched.hook_state_sizes() == {k: 0 for k in sched.hook_state_sizes()}
+            del llm
+    assert tokens["ngram"] == tokens["plain"]
+    assert task.summarize(problems, texts["ngram"])["correct"] >= 59
+
+
 @pytest.mark.parametrize("extra", [[], ["--scripted"]])
 def test_readme_main_command_runs(extra):
     """The README's first command after setup: `python -m vllm_seqhooks`
