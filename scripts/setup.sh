@@ -80,7 +80,8 @@ import torch, vllm
 import vllm_seqhooks
 from vllm_seqhooks import _vllm_private
 _vllm_private.check()
-assert not _vllm_private.input_processor_problems(), _vllm_private.input_processor_problems()
+for found in (_vllm_private.input_processor_problems(), _vllm_private.v2_model_runner_problems()):
+    assert not found, found
 print("torch", torch.__version__, "| vllm", vllm.__version__,
       "| vllm dist", md.version("vllm"), "| vllm-seqhooks", vllm_seqhooks.__version__)
 assert "+cpu" in torch.__version__, "expected torch's CPU build"

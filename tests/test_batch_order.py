@@ -65,6 +65,7 @@ def test_pinned_private_vllm_api_is_present():
 
     assert _vllm_private.problems() == []
     assert _vllm_private.model_runner_problems() == []
+    assert _vllm_private.v2_model_runner_problems() == []
 
 
 def test_a_changed_private_api_is_reported(monkeypatch):
@@ -75,6 +76,10 @@ def test_a_changed_private_api_is_reported(monkeypatch):
 
     monkeypatch.setattr(Scheduler, "_free_request", lambda self, request: None)
     monkeypatch.setattr(InputBatch, "swap_states", lambda self, a, b: None)
+    from vllm.v1.worker.gpu import model_runner as v2
+
+    monkeypatch.setattr(v2, "sort_batch_req_ids", lambda reqs, drafts: list(reqs))
+    assert any("sort_batch_req_ids" in p for p in _vllm_private.v2_model_runner_problems())
     assert any("_free_request" in p for p in _vllm_private.problems())
     assert any("swap_states" in p for p in _vllm_private.model_runner_problems())
     monkeypatch.setattr(_vllm_private, "_checked", False)

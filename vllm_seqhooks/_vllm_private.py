@@ -26,6 +26,7 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("add_request", ("self", "request")),
     ("update_from_output", ("self", "scheduler_output", "model_runner_output")),
     ("schedule", ("self", "throttle_prefills")),
+    ("update_draft_token_ids", ("self", "draft_token_ids")),
 )
 
 #: Attributes set in Scheduler.__init__ that scheduler.py reads or writes.
@@ -57,6 +58,8 @@ REQUEST_ATTRIBUTES = (
     "max_tokens",
     "stop_reason",
     "is_prefill_chunk",
+    "num_output_placeholders",
+    "spec_token_ids",
 )
 
 REQUEST_INIT_PARAMS = (
@@ -256,6 +259,31 @@ def install_request_validator() -> None:
     InputProcessor._build_logits_processors_params_validator = (  # type: ignore[method-assign]
         _build_logits_processors_params_validator
     )
+
+
+#: Model Runner V2 builds each step's batch from the scheduler output's
+#: request order through this function (stable sort: drafts, then decodes);
+#: the scheduler relies on that to keep families together on V2.
+V2_BATCH_SORT = ("sort_batch_req_ids", ("num_tokens_per_req", "draft_tokens", "decode_query_len"))
+
+
+def v2_model_runner_problems() -> list[str]:
+    """Like :func:`problems`, for what the scheduler assumes of Model Runner V2."""
+    from vllm.v1.worker.gpu import model_runner
+
+    name, params = V2_BATCH_SORT
+    fn = getattr(model_runner, name, None)
+    if fn is None:
+        return [f"vllm.v1.worker.gpu.model_runner.{name} is missing"]
+    found = []
+    got = tuple(inspect.signature(fn).parameters)
+    if got != params:
+        found.append(f"{name}{got} != expected {params}")
+    src = inspect.getsource(model_runner.GPUModelRunner.gather_batch_req_state)
+    if f"{name}(" not in src or "scheduler_output.num_scheduled_tokens" not in src:
+        found.append("GPUModelRunner.gather_batch_req_state no longer orders the batch "
+                     f"with {name} over the scheduler output")
+    return found
 
 
 _FAMILY_ORDER_MARK = "_seqhooks_family_order"
