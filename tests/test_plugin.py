@@ -99,3 +99,17 @@ def test_kv_transfer_config_with_hooks_is_an_error(tiny_model_dir, capsys, monke
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--kv-transfer-config" in err and "parked at <sync>" in err
+
+
+def test_hook_flags_round_trip(tiny_model_dir, monkeypatch, tmp_path):
+    """The flags hook_flags() writes parse back to the same settings."""
+    from vllm_seqhooks import SpecialKwargs
+    from vllm_seqhooks import forkjoin_task as task
+    from vllm_seqhooks.metrics import ENV_DIR
+    from vllm_seqhooks.plugin import hook_flags
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    settings = task.hook_settings()
+    ns = serve_parser().parse_args([tiny_model_dir, *hook_flags(settings)])
+    got = SpecialKwargs.from_additional_config(ns.additional_config)
+    assert {k: getattr(got, k) for k in settings} == settings

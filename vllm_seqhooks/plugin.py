@@ -110,6 +110,19 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SpecialKwargs)}
 
 
+def hook_flags(settings: dict[str, Any]) -> list[str]:
+    """The ``vllm serve`` flags that give ``settings`` (SpecialKwargs
+    fields -> values; None values are left out)."""
+    by_field = {name: flag for flag, (name, _kw) in FLAGS.items()}
+    out: list[str] = []
+    for name, value in settings.items():
+        if name not in by_field:
+            raise SpecialKwargsError(f"{name!r} has no vllm serve flag")
+        if value is not None:
+            out += [by_field[name], str(value)]
+    return out
+
+
 def add_hook_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the hook flags to ``parser`` (once) and hook its parsing."""
     if "--sync-token-id" in getattr(parser, "_option_string_actions", {}):
