@@ -211,12 +211,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="where the random-weight models are built once "
                              "(default ~/.cache/vllm-seqhooks/bench)")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="run every engine with vLLM's async scheduling (the GPU "
+                             "default; the CPU platform turns it off): results go to "
+                             "results-<profile>-async.*")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds one run may take before it is aborted")
     args = parser.parse_args(argv)
     name = ("full" if args.full else "extra" if args.extra else "smoke" if args.smoke
             else "quick")
     profile = profiles()[name]
+    if args.async_scheduling:
+        from vllm_seqhooks.testing.engine_modes import force_async_scheduling
+
+        force_async_scheduling()
+        profile.name += "-async"
     if args.repeats:
         profile.repeats = args.repeats
         for st in profile.settings.values():

@@ -213,8 +213,11 @@ class Bench:
                               **overrides)
             secs = time.perf_counter() - t0
             self.engines[name] = llm
+            from vllm_seqhooks.testing.forkjoin import scheduler_of
+
             self.engine_info[name] = {"kind": kind, "kv_tokens": kv_tokens,
                                       "scripted": scripted, "start_s": round(secs, 1),
+                                      "scheduler": type(scheduler_of(llm)).__name__,
                                       **overrides}
             self.log(f"  engine {name} ({kind}) started in {secs:.1f} s")
         return llm

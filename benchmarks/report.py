@@ -294,6 +294,8 @@ def chart(results: dict[str, Any], path: Path) -> bool:
 
     env = results["environment"]
     w = results["workloads"]
+    if "forkjoin" not in w and "parallel" not in w:
+        return False  # the overhead table says it all; no chart of empty panels
     fig, axes = plt.subplots(2, 2, figsize=(14, 9.5))
     fig.suptitle(f"vllm_seqhooks benchmarks ({env['profile']}): {env['model']}\n"
                  f"{env['cpu']}, {env['cores']} cores, no GPU; vLLM {env['vllm']}; "
