@@ -1,0 +1,86 @@
+"""A request's hook settings, decided as it is added (per-request
+overrides from ``extra_args`` within the server's limits)."""
+
+from __future__ import annotations
+
+import logging
+
+from vllm.v1.request import Request
+
+from vllm_seqhooks.config import SpecialKwargsError, parse_request_overrides
+from vllm_seqhooks.sched.state import HookState
+from vllm_seqhooks.tokens import SpecialTokenProcessor
+
+# Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.seqhooks.scheduler")
+
+
+class AdmissionMixin:
+    """Decides a request's hook settings as it is added."""
+
+    def _init_hook_state(self, request: Request) -> None:
+        if request.request_id in self._hook_states or request.pooling_params:
+            return
+        if request.resumable:
+            # vLLM's own streaming-input sessions park and resume through the
+            # same path; hooks are not combined with them.
+            return
+        sp = request.sampling_params
+        if sp is None:
+            return
+        try:
+            per_request = parse_request_overrides(sp.extra_args)
+        except SpecialKwargsError as exc:
+            # The frontend validates these; a request that reached the engine
+            # without it runs without hooks rather than failing the engine.
+            logger.warning("%s: %s; sequence hooks off for this request",
+                           request.request_id, exc)
+            return
+        if per_request.get("enabled", True) is False:
+            return
+        node = self.deps.get(request.request_id)
+        depth = node.depth if node is not None else 0
+        max_depth = min(self.hooks.max_child_depth,
+                        per_request.get("max_child_depth", self.hooks.max_child_depth))
+        max_children = min(
+            self.hooks.max_children_per_request,
+            per_request.get("max_children_per_request", self.hooks.max_children_per_request),
+        )
+        scanner = None
+        if depth < max_depth and max_children > 0:
+            scanner = SpecialTokenProcessor(
+                self.hooks.sync_token_id,
+                self.hooks.promise_token_id,
+                self.hooks.promise_end_token_id,
+                max_promises=max_children,
+            )
+        self._hook_states[request.request_id] = HookState(
+            request=request,
+            scanner=scanner,
+            orig_prompt_len=request.num_prompt_tokens,
+            orig_max_tokens=request.max_tokens,
+            orig_min_tokens=sp.min_tokens,
+            child_max_tokens=per_request.get("child_max_tokens", self.hooks.child_max_tokens),
+            separator=self._separator(per_request.get("merge_separator")),
+        )
+
+    def _separator(self, text: str | None) -> tuple[int, ...]:
+        """Token ids of a per-request merge separator (cached), or the
+        server's when there is none or no tokenizer to encode it with."""
+        default = tuple(self.hooks.merge_separator_token_ids or ())
+        if text is None or text == self.hooks.merge_separator:
+            return default
+        ids = self._token_cache.get(text)
+        if ids is None:
+            if self._tokenizer is None and not self.vllm_config.model_config.skip_tokenizer_init:
+                from vllm.tokenizers import cached_tokenizer_from_config
+
+                self._tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
+            if self._tokenizer is None:
+                logger.warning("seqhooks_merge_separator needs a tokenizer "
+                               "(skip_tokenizer_init is set); using the server's")
+                return default
+            ids = tuple(self._tokenizer.encode(text, add_special_tokens=False))
+            if len(self._token_cache) < 1024:
+                self._token_cache[text] = ids
+        return ids

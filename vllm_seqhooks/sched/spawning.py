@@ -1,0 +1,118 @@
+"""A closed payload becomes a child ``Request``: its prompt, budget and
+sampling parameters, queued ahead of requests that have not started."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from vllm.v1.request import Request
+
+from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG, derive_seed
+from vllm_seqhooks.sched.state import HookState
+from vllm_seqhooks.tokens import PayloadClosed
+
+# Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.seqhooks.scheduler")
+
+
+class SpawningMixin:
+    """Spawns child requests from closed payloads."""
+
+    def _ignore_promise(self, st: HookState, pos: int, reason: str) -> None:
+        node = self.deps.ensure_root(st.request.request_id)
+        node.ignored_promises.append({"position": pos, "reason": reason})
+        self.metrics.inc("promises_ignored", 1)
+        logger.debug("%s: promise at %d ignored (%s)", st.request.request_id, pos, reason)
+
+    def _spawn_refusal(self, ev: PayloadClosed) -> str | None:
+        """Why a closed payload spawns no child (None: it spawns one)."""
+        hooks = self.hooks
+        if hooks.child_context == "fork":
+            prompt_len = ev.context_end
+        else:
+            prompt_len = (len(hooks.child_prompt_prefix_token_ids or ())
+                          + (ev.end - ev.start)
+                          + len(hooks.child_prompt_suffix_token_ids or ()))
+            if prompt_len == 0:
+                return "empty_payload"
+        if prompt_len >= self.max_model_len:
+            return "max_model_len"
+        return None
+
+    def _spawn(self, st: HookState, ev: PayloadClosed) -> None:
+        parent = st.request
+        hooks = self.hooks
+        refusal = self._spawn_refusal(ev)
+        if refusal is not None:
+            self._ignore_promise(st, ev.start - 1, refusal)
+            return
+        tokens = parent.all_token_ids
+        payload = list(tokens[ev.start : ev.end])
+        if hooks.child_context == "fork":
+            prompt = list(tokens[: ev.context_end])
+        else:
+            prompt = [
+                *(hooks.child_prompt_prefix_token_ids or ()),
+                *payload,
+                *(hooks.child_prompt_suffix_token_ids or ()),
+            ]
+        room = self.max_model_len - len(prompt)
+        budget = st.child_max_tokens
+        if budget is None:
+            # The parent's budget left when it sampled the closing token
+            # (with speculative decoding, tokens after it may be in this step).
+            sampled_after = max(0, parent.num_tokens - 1 - ev.end)
+            budget = max(1, st.orig_max_tokens - (st.sampled - sampled_after))
+        budget = min(int(budget), room)
+        self.deps.ensure_root(parent.request_id)
+        child_id = self.deps.new_child_id(parent.request_id)
+        while child_id in self.requests:  # a client request already has that id
+            child_id += "~"
+        child_node = self.deps.add_child(parent.request_id, child_id, payload, len(prompt))
+        sp = parent.sampling_params.clone()
+        sp.n = 1
+        sp.max_tokens = budget
+        extra = dict(sp.extra_args or {})
+        extra.pop(SAMPLED_BEFORE_ARG, None)
+        extra[CHILD_KEY_ARG] = child_node.key
+        sp.extra_args = extra
+        if sp.seed is not None:
+            sp.seed = derive_seed(sp.seed, child_node.key)
+        child = Request(
+            request_id=child_id,
+            prompt_token_ids=prompt,
+            sampling_params=sp,
+            pooling_params=None,
+            client_index=parent.client_index,
+            # A child queues at its parent's place (priority policy orders by
+            # arrival time), ahead of requests that arrived after the parent.
+            arrival_time=parent.arrival_time,
+            lora_request=parent.lora_request,
+            cache_salt=parent.cache_salt,
+            priority=parent.priority,
+            trace_headers=parent.trace_headers,
+            block_hasher=parent._block_hasher,
+        )
+        self._children[child_id] = child
+        self.add_request(child)
+        self._queue_first(child)
+        self.metrics.inc("children_spawned", 1)
+        self.metrics.inc("fork_prompt_tokens", len(prompt))
+        logger.debug(
+            "%s spawned %s (key %s, %d prompt tokens, budget %d)",
+            parent.request_id, child_id, child_node.key, len(prompt), budget,
+        )
+
+    def _queue_first(self, child: Request) -> None:
+        """Children are admitted before requests that have not started.
+
+        A parked parent holds KV blocks until its children finish; admitting
+        new parents ahead of waiting children fills the cache with parked
+        families whose children then run a few at a time. With FCFS the child
+        moves to the front of the waiting queue (with the priority policy its
+        parent's arrival time already orders it so)."""
+        queue = self.waiting
+        if isinstance(queue, deque) and queue and queue[-1] is child:
+            queue.pop()
+            queue.prepend_request(child)
