@@ -27,7 +27,8 @@ the parent and of each of its children is the target token; that is exactly
 when greedy fork/join decoding writes the expected text.
 
     .venv/bin/python scripts/train_tiny_forkjoin.py
-    # writes vllm_seqhooks/data/forkjoin_model/ (weights, tokenizer, training.json)
+    # writes vllm_seqhooks/data/forkjoin_model/ (weights, tokenizer, training.json,
+    # seqhooks.json)
 
 The shipped model is this command with the defaults (seed 0, 1,500 steps, one
 thread): about 17-20 minutes on a shared 2-core CPU; a second run reproduced
@@ -246,6 +247,8 @@ def save_model(model, out: Path, info: dict, torch, dtype: str) -> None:
                        "pad_token": tm.PAD_TOKEN, "unk_token": tm.UNK_TOKEN}
         (tmp / "special_tokens_map.json").write_text(tm._dump_json(special_map))
         (tmp / "training.json").write_text(json.dumps(info, indent=2) + "\n")
+        # The hook protocol travels with the model (special_kwargs="auto").
+        (tmp / "seqhooks.json").write_text(json.dumps(task.MODEL_SETTINGS, indent=2) + "\n")
         for f in tmp.iterdir():
             os.chmod(f, 0o644)
         os.chmod(tmp, 0o755)

@@ -220,3 +220,42 @@ def test_readme_main_command_runs(extra):
     if not extra:
         assert "5/5 correct" in proc.stdout, proc.stdout[-2000:]
     assert "<sync>" in proc.stdout and "join of" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_embedded_model_with_auto_settings_llm():
+    """The model carries its protocol: ``special_kwargs="auto"`` is enough."""
+    from vllm import SamplingParams
+
+    from vllm_seqhooks import LLM
+
+    problems = task.heldout_problems(12, seed=4321)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        llm = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS)
+        outs = llm.generate([p.prompt for p in problems],
+                            SamplingParams(temperature=0.0, max_tokens=task.PARENT_MAX_TOKENS),
+                            use_tqdm=False)
+    assert llm.special_kwargs.child_prompt_template == task.CHILD_PROMPT_TEMPLATE
+    assert all(task.check_full_text(p, o.outputs[0].text) for p, o in zip(problems, outs))
+    assert any(o.hook_trace and o.hook_trace["children"] for o in outs)
+
+
+@pytest.mark.slow
+def test_embedded_model_served_with_seqhooks_auto(tmp_path):
+    """``vllm serve MODEL --seqhooks auto``: one flag, correct answers."""
+    from vllm_seqhooks.check import trained_outputs
+    from vllm_seqhooks.testing.server import start_server
+
+    model = str(task.model_dir())
+    server = start_server(model, "--seqhooks", "auto", "--dtype", "float32",
+                          "--max-model-len", "256", "--enforce-eager", "--block-size", "32",
+                          "--kv-cache-memory-bytes", str(128 << 20),
+                          log_path=tmp_path / "serve.log")
+    try:
+        problems = task.heldout_problems(12, seed=4321)
+        outputs = trained_outputs(server.url, model, problems)
+    finally:
+        server.stop()
+    assert all(task.check_full_text(p, text) for p, (text, _ids) in zip(problems, outputs))
+    assert "context=payload" in server.log_tail(200000)  # the scheduler says what it runs

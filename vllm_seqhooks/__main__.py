@@ -73,7 +73,8 @@ def trained_demo(args: argparse.Namespace) -> int:
         problems = [task.Problem(d) for d in args.digits]
     else:
         problems = demo_problems(args.seed)
-    llm = LLM(str(model), special_kwargs=task.hook_settings(), **task.ENGINE_KWARGS)
+    # The model carries its hook settings (seqhooks.json beside config.json).
+    llm = LLM(str(model), special_kwargs="auto", **task.ENGINE_KWARGS)
     params = SamplingParams(temperature=0.0, max_tokens=task.PARENT_MAX_TOKENS)
     t0 = time.perf_counter()
     outputs = llm.generate([p.prompt for p in problems], params, use_tqdm=False)

@@ -124,8 +124,8 @@ class ClientLoop:
     """Client-side fork/join over a stock ``vllm.LLM`` (see the module
     docstring). ``llm`` should have prefix caching on (vLLM's default)."""
 
-    def __init__(self, llm: Any, special_kwargs: SpecialKwargs | Mapping[str, Any]) -> None:
-        hooks = coerce_special_kwargs(special_kwargs)
+    def __init__(self, llm: Any, special_kwargs: SpecialKwargs | Mapping[str, Any] | str) -> None:
+        hooks = coerce_special_kwargs(special_kwargs, llm.llm_engine.model_config.model)
         if hooks is None:
             raise ValueError("special_kwargs is required")
         self.llm = llm

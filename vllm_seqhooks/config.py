@@ -311,13 +311,18 @@ class SpecialKwargs:
         return dataclasses.replace(self, **overrides)
 
 
-def coerce_special_kwargs(value: Any) -> SpecialKwargs | None:
-    """Accept ``None``, a :class:`SpecialKwargs` or a plain dict."""
+def coerce_special_kwargs(value: Any, model: Any = None) -> SpecialKwargs | None:
+    """Accept ``None``, a :class:`SpecialKwargs`, a dict (which may name a
+    format under ``"format"``), a format name such as ``"promise"``, or
+    ``"auto"`` (the settings in ``model``'s directory); see
+    :mod:`vllm_seqhooks.presets`."""
     if value is None:
         return None
     if isinstance(value, SpecialKwargs):
         return value
-    return SpecialKwargs.from_dict(value)
+    from vllm_seqhooks.presets import expand
+
+    return SpecialKwargs.from_dict(expand(value, model))
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

@@ -87,6 +87,18 @@ def model_dir() -> Path:
     return Path(env) if env else MODEL_DIR
 
 
+#: What the model directory carries in seqhooks.json (``special_kwargs="auto"``,
+#: ``vllm serve MODEL --seqhooks auto``): the same settings as
+#: :func:`hook_settings`, with the hook tokens as strings.
+MODEL_SETTINGS: dict[str, Any] = {
+    "format": "promise",
+    "child_context": "payload",
+    "child_prompt_template": CHILD_PROMPT_TEMPLATE,
+    "merge_separator": MERGE_SEPARATOR,
+    "child_max_tokens": CHILD_MAX_TOKENS,
+}
+
+
 def hook_settings(**overrides: Any) -> dict[str, Any]:
     """``special_kwargs`` for the model (token ids of
     :mod:`vllm_seqhooks.testing.tiny_model`'s tokenizer)."""

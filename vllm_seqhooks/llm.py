@@ -73,11 +73,11 @@ class LLM(vllm.LLM):
         self,
         model: str,
         *,
-        special_kwargs: SpecialKwargs | dict[str, Any] | None = None,
+        special_kwargs: SpecialKwargs | dict[str, Any] | str | None = None,
         **kwargs: Any,
     ) -> None:
         model = os.fspath(model)
-        hooks = coerce_special_kwargs(special_kwargs)
+        hooks = coerce_special_kwargs(special_kwargs, model)
         self.special_kwargs: SpecialKwargs | None = None
         if hooks is not None:
             if not hooks.is_resolved:

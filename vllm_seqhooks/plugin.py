@@ -25,6 +25,7 @@ from typing import Any
 
 import dataclasses
 
+from vllm_seqhooks.presets import FORMAT_KEY, MODEL_FILE, PRESETS, expand
 from vllm_seqhooks.config import (
     CHILD_CONTEXTS,
     BATCH_ORDERS,
@@ -69,6 +70,8 @@ class _Given(argparse.Action):
 
 
 GIVEN_ATTR = "_seqhooks_given"
+#: Hook settings by format name or from the model (vllm_seqhooks.presets).
+FORMAT_FLAG = "--seqhooks"
 
 #: flag -> (SpecialKwargs field, argparse kwargs)
 FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -114,6 +117,7 @@ def hook_flags(settings: dict[str, Any]) -> list[str]:
     """The ``vllm serve`` flags that give ``settings`` (SpecialKwargs
     fields -> values; None values are left out)."""
     by_field = {name: flag for flag, (name, _kw) in FLAGS.items()}
+    by_field[FORMAT_KEY] = FORMAT_FLAG
     out: list[str] = []
     for name, value in settings.items():
         if name not in by_field:
@@ -134,9 +138,16 @@ def add_hook_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     group = parser.add_argument_group(
         GROUP_TITLE,
         "Fork/join generation driven by the model's own special tokens. "
-        "Giving --sync-token-id/--sync-token and --promise-token-id/--promise-token "
-        "turns hooks on; without them the server is stock vLLM.",
+        "--seqhooks NAME|auto, or --sync-token-id/--sync-token with "
+        "--promise-token-id/--promise-token, turns hooks on; without hook flags "
+        "the server is stock vLLM.",
     )
+    group.add_argument(
+        FORMAT_FLAG, dest=DEST_PREFIX + FORMAT_KEY, default=None, action=_Given,
+        metavar="NAME|auto",
+        help=f"Hook settings by format name ({', '.join(PRESETS)}), or 'auto': the "
+             f"settings stored with the model ({MODEL_FILE} beside config.json). "
+             "The other hook flags override them.")
     for flag, (name, kwargs) in FLAGS.items():
         group.add_argument(
             flag, dest=DEST_PREFIX + name, default=_DEFAULTS[name], action=_Given, **kwargs
@@ -168,7 +179,7 @@ def hook_args_from_namespace(namespace: argparse.Namespace) -> dict[str, Any]:
     given = getattr(namespace, GIVEN_ATTR, None) or ()
     return {
         name: getattr(namespace, DEST_PREFIX + name)
-        for name, _kw in FLAGS.values()
+        for name in (FORMAT_KEY, *(name for name, _kw in FLAGS.values()))
         if DEST_PREFIX + name in given
     }
 
@@ -181,7 +192,8 @@ def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
         return None
     if getattr(namespace, "_seqhooks_applied", False):
         return SpecialKwargs.from_additional_config(namespace.additional_config)
-    hooks = SpecialKwargs.from_dict(given)
+    model = getattr(namespace, "model_tag", None) or getattr(namespace, "model", None)
+    hooks = SpecialKwargs.from_dict(expand(given, model))
     from vllm_seqhooks.llm import (
         KV_TRANSFER_REFUSAL,
         SCHEDULER_QUALNAME,
@@ -192,7 +204,6 @@ def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
     if getattr(namespace, "kv_transfer_config", None) is not None:
         raise SpecialKwargsError(f"--kv-transfer-config: {KV_TRANSFER_REFUSAL}")
 
-    model = getattr(namespace, "model_tag", None) or getattr(namespace, "model", None)
     try:
         tokenizer = load_tokenizer(
             model,
