@@ -169,19 +169,19 @@ def test_engines_with_hooks_load_the_worker_extension():
 def test_scheduler_installs_the_order_only_without_our_worker_extension(
         monkeypatch, extension, batch_order, installs):
     from vllm_seqhooks import _vllm_private
-    from vllm_seqhooks.testing import sched_harness
+    from vllm_seqhooks.testing import sched_setup
 
     calls = []
     monkeypatch.setattr(_vllm_private, "install_family_batch_order", lambda: calls.append(1))
-    make_config = sched_harness.make_vllm_config
+    make_config = sched_setup.make_vllm_config
 
     def with_extension(*args, **kwargs):
         cfg = make_config(*args, **kwargs)
         cfg.parallel_config.worker_extension_cls = extension
         return cfg
 
-    monkeypatch.setattr(sched_harness, "make_vllm_config", with_extension)
-    sched_harness.make_scheduler(False, hooks={"batch_order": batch_order})
+    monkeypatch.setattr(sched_setup, "make_vllm_config", with_extension)
+    sched_setup.make_scheduler(False, hooks={"batch_order": batch_order})
     assert bool(calls) == installs
 
 
