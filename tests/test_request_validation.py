@@ -41,6 +41,22 @@ def test_check_request_names_the_field():
     check_request(_params(logprobs=1, extra_args={"seqhooks_enabled": False}))
 
 
+def test_unknown_request_keys_are_refused_naming_the_known_ones():
+    from vllm_seqhooks.config import REQUEST_OVERRIDE_KEYS
+    from vllm_seqhooks.validation import check_request
+
+    with pytest.raises(ValueError) as exc:
+        check_request(_params(extra_args={"seqhooks_child_max_token": 4, "other_plugin": 1}))
+    message = str(exc.value)
+    assert "key(s) seqhooks_child_max_token in" in message and "other_plugin" not in message
+    assert all(k in message for k in REQUEST_OVERRIDE_KEYS)
+    # keys the engine writes itself, and those a loaded test tool reads
+    import vllm_seqhooks.testing.scripted  # noqa: F401 (registers its keys)
+
+    check_request(_params(extra_args={"seqhooks_child_key": "0", "seqhooks_sampled_before": 3,
+                                      "seqhooks_script": [1], "seqhooks_step_delay_ms": 1}))
+
+
 def test_frontend_private_api_is_present():
     from vllm_seqhooks import _vllm_private
 

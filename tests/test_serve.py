@@ -203,7 +203,9 @@ def test_per_request_control_and_bad_values(client, tiny_model_dir, S):
     assert sep.choices[0].text == EXPECTED.replace("AAA\nBBBB", "AAA | BBBB")
     for bad, field in [({"seqhooks_child_max_tokens": 0}, "seqhooks_child_max_tokens"),
                        ({"seqhooks_max_child_depth": -1}, "seqhooks_max_child_depth"),
-                       ({"seqhooks_enabled": "sometimes"}, "seqhooks_enabled")]:
+                       ({"seqhooks_enabled": "sometimes"}, "seqhooks_enabled"),
+                       ({"seqhooks_child_max_token": 4},  # a typo: refused, not ignored
+                        "unknown sequence-hook request key.*seqhooks_child_max_token in")]:
         with pytest.raises(openai.BadRequestError, match=field):
             client.completions.create(model=tiny_model_dir, prompt="x", max_tokens=5,
                                       extra_body={"vllm_xargs": {**base, **bad}})

@@ -379,6 +379,35 @@ REQUEST_OVERRIDE_KEYS: dict[str, int | str | None] = {
 }
 
 
+#: Prefix of every per-request key of this package.
+REQUEST_KEY_PREFIX = "seqhooks_"
+#: ``seqhooks_*`` keys other code in this process reads (a test tool's):
+#: accepted in requests, not validated here.
+_REGISTERED_REQUEST_KEYS: set[str] = set()
+
+
+def register_request_keys(*keys: str) -> None:
+    """Declare ``seqhooks_*`` request keys that other code reads (e.g. the
+    scripted-token test processor), so that requests carrying them are not
+    refused as typos."""
+    _REGISTERED_REQUEST_KEYS.update(keys)
+
+
+def unknown_request_keys(
+    extra_args: Mapping[str, Any] | None, also_known: frozenset[str] = frozenset()
+) -> list[str]:
+    """``seqhooks_*`` keys of ``extra_args`` that nothing reads (typos):
+    neither a per-request setting, nor registered, nor in ``also_known``."""
+    if not extra_args:
+        return []
+    return sorted(
+        k for k in extra_args
+        if isinstance(k, str) and k.startswith(REQUEST_KEY_PREFIX)
+        and k not in REQUEST_OVERRIDE_KEYS and k not in _REGISTERED_REQUEST_KEYS
+        and k not in also_known
+    )
+
+
 def parse_request_overrides(extra_args: Mapping[str, Any] | None) -> dict[str, Any]:
     """Validated per-request settings from ``extra_args`` (keys without the
     ``seqhooks_`` prefix). Raises :class:`SpecialKwargsError` naming the key."""

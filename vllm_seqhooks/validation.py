@@ -18,11 +18,26 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from vllm_seqhooks.config import ADDITIONAL_CONFIG_KEY, parse_request_overrides
+from vllm_seqhooks.config import (
+    ADDITIONAL_CONFIG_KEY,
+    REQUEST_OVERRIDE_KEYS,
+    parse_request_overrides,
+    unknown_request_keys,
+)
+from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
+
+#: Keys the engine itself writes into a request's extra_args.
+ENGINE_REQUEST_KEYS = frozenset({CHILD_KEY_ARG, SAMPLED_BEFORE_ARG})
 
 
 def check_request(sampling_params: Any) -> None:
     """Raise ``ValueError`` (naming the field) for settings hooks cannot honour."""
+    unknown = unknown_request_keys(sampling_params.extra_args, ENGINE_REQUEST_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown sequence-hook request key(s) {', '.join(unknown)} in vllm_xargs / "
+            f"extra_args; known: {', '.join(REQUEST_OVERRIDE_KEYS)}"
+        )
     overrides = parse_request_overrides(sampling_params.extra_args)
     if overrides.get("enabled", True) is False:
         return

@@ -111,6 +111,7 @@ from vllm.v1.sample.logits_processor import (
     MoveDirectionality,
 )
 
+from vllm_seqhooks.config import register_request_keys
 from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
 
 if TYPE_CHECKING:
@@ -129,6 +130,11 @@ CHILD_DEFAULT_SCRIPT_KEY = "seqhooks_child_default_script"
 STEP_DELAY_KEY = "seqhooks_step_delay_ms"
 
 SCRIPT_ENDS = ("free", "eos")
+
+# Requests to an engine with hooks may carry these keys (its validation
+# refuses unknown seqhooks_* keys as typos).
+register_request_keys(SCRIPT_KEY, SCRIPT_END_KEY, EOS_TOKEN_ID_KEY, CHILD_SCRIPTS_KEY,
+                      CHILD_SCRIPT_END_KEY, CHILD_DEFAULT_SCRIPT_KEY, STEP_DELAY_KEY)
 
 #: The ``<module>:<qualname>`` string vLLM accepts (``--logits-processors``),
 #: V1 model runner.
