@@ -244,13 +244,11 @@ def test_embedded_model_with_auto_settings_llm():
 @pytest.mark.slow
 def test_embedded_model_served_with_seqhooks_auto(tmp_path):
     """``vllm serve MODEL --seqhooks auto``: one flag, correct answers."""
-    from vllm_seqhooks.check import trained_outputs
+    from vllm_seqhooks.check import trained_engine_flags, trained_outputs
     from vllm_seqhooks.testing.server import start_server
 
     model = str(task.model_dir())
-    server = start_server(model, "--seqhooks", "auto", "--dtype", "float32",
-                          "--max-model-len", "256", "--enforce-eager", "--block-size", "32",
-                          "--kv-cache-memory-bytes", str(128 << 20),
+    server = start_server(model, "--seqhooks", "auto", *trained_engine_flags(),
                           log_path=tmp_path / "serve.log")
     try:
         problems = task.heldout_problems(12, seed=4321)

@@ -58,6 +58,13 @@ def _platform_flags(*, block_size: int = 32) -> list[str]:
     return ["--enforce-eager", "--block-size", str(block_size)] if _on_cpu() else []
 
 
+def trained_engine_flags() -> list[str]:
+    """``vllm serve`` engine flags for the embedded trained model (its
+    ``forkjoin_task.ENGINE_KWARGS``, as far as a server needs them)."""
+    return ["--dtype", "float32", "--max-model-len", "256", "--seed", "0",
+            "--kv-cache-memory-bytes", str(128 << 20), *_platform_flags()]
+
+
 def _client(url: str):
     from openai import OpenAI
 
@@ -208,9 +215,7 @@ def run(args: argparse.Namespace) -> list[Result]:
 
     trained = str(task.model_dir())
     problems = task.heldout_problems(args.problems)
-    trained_flags = ["--dtype", "float32", "--max-model-len", "256", "--seed", "0",
-                     "--kv-cache-memory-bytes", str(128 << 20), *_platform_flags(),
-                     *hook_flags(task.hook_settings())]
+    trained_flags = [*trained_engine_flags(), *hook_flags(task.hook_settings())]
     reference: list = []
 
     def trained_body(url, add):
