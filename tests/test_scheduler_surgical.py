@@ -39,6 +39,8 @@ ZERO_STATE = {
     "accounting": 0,
     "pending_outputs": 0,
     "parked": 0,
+    "families": 0,
+    "child_deadlines": 0,
     "requests": 0,
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
@@ -55,6 +56,17 @@ def _check_int(name: str, value: Any, *, minimum: int, optional: bool = False) -
         raise SpecialKwargsError(f"{name} must be >= {minimum}, got {value}")
 
 
+def check_seconds(name: str, value: Any) -> float:
+    """A time limit in seconds: a finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecialKwargsError(
+            f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})"
+        )
+    if not math.isfinite(value) or value <= 0:
+        raise SpecialKwargsError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
 def _check_ids(name: str, value: Any) -> None:
     if value is None:
         return
@@ -91,6 +103,14 @@ class SpecialKwargs:
     child_max_tokens: int | None = None
     failed_child_marker: str | None = None
     batch_order: str = "family"
+    # Limits of a request's family (vllm_seqhooks.family) and fair share.
+    family_token_factor: int | None = None
+    max_descendants: int = 256
+    max_live_children_per_family: int = 64
+    max_live_children: int = 1024
+    child_timeout_s: float | None = None
+    family_timeout_s: float | None = None
+    fair_share: bool = True
     # Filled in by resolve(); part of the JSON form so that the engine does not
     # need to tokenize again.
     merge_separator_token_ids: tuple[int, ...] | None = field(default=None)
@@ -172,6 +192,16 @@ class SpecialKwargs:
         _check_int("max_child_depth", self.max_child_depth, minimum=0)
         _check_int("max_children_per_request", self.max_children_per_request, minimum=0)
         _check_int("child_max_tokens", self.child_max_tokens, minimum=1, optional=True)
+        _check_int("family_token_factor", self.family_token_factor, minimum=1, optional=True)
+        _check_int("max_descendants", self.max_descendants, minimum=0)
+        _check_int("max_live_children_per_family", self.max_live_children_per_family, minimum=1)
+        _check_int("max_live_children", self.max_live_children, minimum=1)
+        for name in ("child_timeout_s", "family_timeout_s"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, check_seconds(name, value))
+        if not isinstance(self.fair_share, bool):
+            raise SpecialKwargsError(f"fair_share must be true or false, got {self.fair_share!r}")
         for name in (
             "merge_separator_token_ids",
             "failed_child_marker_token_ids",
@@ -369,13 +399,17 @@ def merged_tokens(
 # ---------------------------------------------------------------- per request
 #: Per-request settings, read from ``SamplingParams.extra_args`` (over HTTP:
 #: the ``vllm_xargs`` field, whose values must be flat). Key -> minimum value
-#: (None for booleans).
+#: of an integer, or the kind: None for booleans, "text", "seconds".
 REQUEST_OVERRIDE_KEYS: dict[str, int | str | None] = {
     "seqhooks_enabled": None,
     "seqhooks_merge_separator": "text",
     "seqhooks_child_max_tokens": 1,
     "seqhooks_max_child_depth": 0,
     "seqhooks_max_children_per_request": 0,
+    "seqhooks_max_family_tokens": 1,
+    "seqhooks_max_descendants": 0,
+    "seqhooks_child_timeout_s": "seconds",
+    "seqhooks_family_timeout_s": "seconds",
 }
 
 
@@ -421,6 +455,8 @@ def parse_request_overrides(extra_args: Mapping[str, Any] | None) -> dict[str, A
         if minimum == "text":
             if not isinstance(value, str):
                 raise SpecialKwargsError(f"{key} must be a string, got {value!r}")
+        elif minimum == "seconds":
+            value = check_seconds(key, value)
         elif minimum is None:
             if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
                 value = value.lower() in ("true", "1")

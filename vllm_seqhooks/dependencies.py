@@ -250,11 +250,12 @@ class DependencyManager:
 
 
 def build_trace(
-    nodes: Sequence[HookNode], decode=None
+    nodes: Sequence[HookNode], decode=None, limits: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A JSON-able tree for the root ``nodes[0]`` (as returned by pop_tree).
 
-    ``decode`` (token ids -> str), when given, adds text fields."""
+    ``decode`` (token ids -> str), when given, adds text fields; ``limits``
+    (the family ledger's summary) is added as the root's ``limits``."""
     by_id = {n.request_id: n for n in nodes}
 
     def one(node: HookNode) -> dict[str, Any]:
@@ -297,12 +298,36 @@ def build_trace(
         return out
 
     root = one(nodes[0])
-    descendants = nodes[1:]
-    root["usage"] = {
-        "merged_tokens": sum(j.merged_tokens for j in nodes[0].joins),
+    root["usage"] = family_usage(nodes)
+    if limits is not None:
+        root["limits"] = limits
+    return root
+
+
+def family_usage(nodes: Sequence[HookNode]) -> dict[str, int]:
+    """What a request cost, its descendants included (``nodes[0]``: the
+    request). Prefilled tokens are those the engine computed: children's
+    prompt tokens not found in the prefix cache, and tokens prefilled at
+    joins (``<sync>`` and the merged tokens, or more after a spill)."""
+    root, descendants = nodes[0], nodes[1:]
+
+    def join_prefill(node: HookNode) -> int:
+        return sum(j.prefilled_tokens or 0 for j in node.joins)
+
+    children_sampled = sum(n.sampled_tokens or 0 for n in descendants)
+    children_prefilled = sum(
+        n.prompt_tokens - (n.cached_prompt_tokens or 0) + join_prefill(n)
+        for n in descendants
+    )
+    return {
+        "merged_tokens": sum(j.merged_tokens for j in root.joins),
         "num_children": len(descendants),
         "children_prompt_tokens": sum(n.prompt_tokens for n in descendants),
         "children_cached_prompt_tokens": sum(n.cached_prompt_tokens or 0 for n in descendants),
-        "children_sampled_tokens": sum(n.sampled_tokens or 0 for n in descendants),
+        "children_sampled_tokens": children_sampled,
+        "children_prefilled_tokens": children_prefilled,
+        "sampled_tokens": root.sampled_tokens or 0,
+        "join_prefill_tokens": join_prefill(root),
+        "family_sampled_tokens": (root.sampled_tokens or 0) + children_sampled,
+        "family_prefilled_tokens": join_prefill(root) + children_prefilled,
     }
-    return root

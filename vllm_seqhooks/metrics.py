@@ -45,6 +45,10 @@ COUNTERS = {
     "fork_cached_tokens": "Prompt tokens of child requests served by the prefix cache.",
     "promises_ignored": "Promises left as plain text (limits, empty payloads).",
     "truncated_merges": "Merges cut at max_model_len.",
+    "children_cut": "Children cut (finish reason length) because their family spent its token budget or passed its deadline.",
+    "child_timeouts": "Children failed because they outlived the child timeout.",
+    "family_deadlines": "Families cut because they outlived the family timeout.",
+    "fair_share_preemptions": "Children preempted to give a waiting request its fair share of running slots.",
 }
 #: outcome label values of vllm:seqhooks_children_ended_total
 OUTCOMES = ("finished", "failed", "aborted")

@@ -32,6 +32,7 @@ from vllm_seqhooks.config import (
     MERGE_STRATEGIES,
     SpecialKwargs,
     SpecialKwargsError,
+    check_seconds,
 )
 
 logger = logging.getLogger("vllm.seqhooks.plugin")
@@ -56,6 +57,23 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        return check_seconds("value", float(text))
+    except (ValueError, SpecialKwargsError):
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number of seconds > 0, got {text!r}") from None
+
+
+def _on_off(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("on", "true", "1", "yes"):
+        return True
+    if value in ("off", "false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
 
 
 class _Given(argparse.Action):
@@ -107,6 +125,22 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                               "arrival: vLLM's order."}),
     "--failed-child-marker": ("failed_child_marker", {"metavar": "TEXT",
                               "help": "Text merged in place of a child that failed or was aborted; unset: nothing."}),
+    "--family-token-factor": ("family_token_factor", {"type": _positive_int, "metavar": "N",
+                              "help": "A request and all its descendants may sample N x its max_tokens tokens; "
+                                      "unset: 1 + max_children_per_request. Past it, descendants are cut (length)."}),
+    "--max-descendants": ("max_descendants", {"type": _non_negative_int, "metavar": "N",
+                          "help": "Children a request may spawn at all levels together; further promises are plain text."}),
+    "--max-live-children-per-family": ("max_live_children_per_family", {"type": _positive_int, "metavar": "N",
+                                       "help": "Children of one request (all levels) alive at once; further promises are plain text."}),
+    "--max-live-children": ("max_live_children", {"type": _positive_int, "metavar": "N",
+                            "help": "Children alive at once in the engine; further promises are plain text."}),
+    "--child-timeout": ("child_timeout_s", {"type": _seconds, "metavar": "SECONDS",
+                        "help": "A child still running this long after its spawn fails (timeout); its parent resumes."}),
+    "--family-timeout": ("family_timeout_s", {"type": _seconds, "metavar": "SECONDS",
+                         "help": "This long after a request arrived its descendants are cut and it finishes with what it has."}),
+    "--fair-share": ("fair_share", {"type": _on_off, "metavar": "on|off",
+                     "help": "on: while other requests wait, one family's children get at most an equal share "
+                             "of the running slots and KV blocks."}),
 }
 
 

@@ -48,7 +48,9 @@ from vllm_seqhooks.metrics import HookMetrics
 from vllm_seqhooks.sched.accounting import AccountingMixin
 from vllm_seqhooks.sched.admission import AdmissionMixin
 from vllm_seqhooks.sched.engine_support import unsupported_engine
+from vllm_seqhooks.sched.fairness import FairShareMixin
 from vllm_seqhooks.sched.joins import TRACE_KEY, JoinMixin  # noqa: F401 (TRACE_KEY: re-exported)
+from vllm_seqhooks.sched.limits import LimitsMixin
 from vllm_seqhooks.sched.spawning import SpawningMixin
 from vllm_seqhooks.sched.speculative import SpeculativeMixin, count_as_rejected
 from vllm_seqhooks.sched.spill import SpillMixin
@@ -68,6 +70,8 @@ class SeqHooksMixin(
     JoinMixin,
     AccountingMixin,
     SpillMixin,
+    LimitsMixin,
+    FairShareMixin,
 ):
     """Fork/join on top of vLLM's ``Scheduler`` (or ``AsyncScheduler``): the
     lifecycle and the state; the parts live in :mod:`vllm_seqhooks.sched`."""
@@ -84,6 +88,10 @@ class SeqHooksMixin(
     _pending_outputs: tuple = ()
     _ready_joins: tuple = ()
     _requeue_after_step: tuple = ()
+    _families: Mapping[str, Any] = MappingProxyType({})
+    _timed_families: frozenset = frozenset()
+    _families_to_cut: tuple = ()
+    _child_deadlines: Mapping[str, float] = MappingProxyType({})
     _num_parked = 0
     _children_starved = False
     _order_output_by_family = False
@@ -133,6 +141,12 @@ class SeqHooksMixin(
         self._requeue_after_step: list[Request] = []
         #: Children that ended in this step (their outputs are still filtered).
         self._ended_children: set[str] = set()
+        #: Family ledgers by root request id (vllm_seqhooks.family).
+        self._families: dict[str, Any] = {}
+        self._timed_families: set = set()
+        self._families_to_cut: list = []
+        #: Child request id -> clock reading at which it times out.
+        self._child_deadlines: dict[str, float] = {}
         self._tokenizer = None
         self._token_cache: dict[str, tuple[int, ...]] = {}
         model_name = vllm_config.model_config.served_model_name
@@ -209,10 +223,27 @@ class SeqHooksMixin(
         start = request.num_tokens
         offered = len(new_token_ids)
         was_preempted = request.status == RequestStatus.PREEMPTED
+        cut = False
+        if st is not None and st.family is not None:
+            allowed = self._tokens_allowed(st, offered)
+            if allowed < offered:
+                del new_token_ids[allowed:]
+                cut = True
         new_token_ids, stopped = super()._update_request_with_output(
             request, new_token_ids, is_stale
         )
+        if st is not None and st.family is not None:
+            self._charge(st, len(new_token_ids))
+            if not stopped and (cut or self._stops_family_member(st)):
+                # The family's budget or deadline ends this request here.
+                request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                stopped = True
         if st is None or not new_token_ids:
+            if stopped and st is not None and st.scanner is not None and (
+                    self.deps.has_open_children(request.request_id)):
+                if offered and not is_stale:
+                    count_as_rejected(request, offered)
+                self._park(st, stopped_by_finish=True)
             return new_token_ids, stopped
         if stopped and len(new_token_ids) < offered and not is_stale:
             # vLLM stopped at a token before the last (speculative decoding).
@@ -287,9 +318,13 @@ class SeqHooksMixin(
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any):
         # A child's state lives until its parent has taken its output
-        # (_child_ended); any other request's goes with the request.
-        if request.request_id not in self._children:
-            self._drop_state(request.request_id)
+        # (_child_ended); any other request's goes with the request (and
+        # its family's ledger, unless its trace still needs it).
+        rid = request.request_id
+        if rid not in self._children:
+            self._drop_state(rid)
+            if rid not in self.deps:
+                self._drop_family(rid)
         return super()._free_request(request, *args, **kwargs)
 
     def _handle_stopped_request(self, request: Request) -> bool:
@@ -306,24 +341,33 @@ class SeqHooksMixin(
 
     # ---------------------------------------------------------- scheduling
     def schedule(self, *args: Any, **kwargs: Any):
+        if self._families:
+            self._enforce_limits()
         self._maybe_spill()
         # vLLM counts parked streaming sessions as holding a model-runner
         # slot. Parked parents do not: the worker dropped their state when
         # they parked (see _park). Counting them would keep their own
         # children out of the batch (deadlock with few slots).
+        held = ()
+        if self._children and self.hooks.fair_share and self.waiting:
+            held = self._hold_back_children()
         parked = self._num_parked
         if parked:
             self.num_waiting_for_streaming_input -= parked
         try:
             out = super().schedule(*args, **kwargs)
+            # Before held-back children are queued again: they were not
+            # starved of blocks.
+            self._children_starved = bool(self._children) and self._child_left_waiting(out)
         finally:
             if parked:
                 self.num_waiting_for_streaming_input += parked
+            if held:
+                self._restore_held(held)
         if self._accounting or self._children:
             self._account(out)
         if self._children and self._order_output_by_family:
             _order_by_family(out.num_scheduled_tokens)
-        self._children_starved = bool(self._children) and self._child_left_waiting(out)
         return out
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any):
@@ -335,21 +379,33 @@ class SeqHooksMixin(
     def _drop_tree(self, rid: str) -> None:
         for n in self.deps.pop_tree(rid):
             self._forget(n.request_id)
+        self._drop_family(rid)
+
+    def _drop_family(self, rid: str):
+        family = self._families.pop(rid, None)
+        if family is not None:
+            self._timed_families.discard(family)
+        return family
 
     def _drop_state(self, rid: str, default: None = None) -> HookState | None:
         st = self._hook_states.pop(rid, default)
         if st is not None:
             self._unpark(st)
+            node = self.deps.get(rid)
+            if node is not None:
+                node.sampled_tokens = st.sampled
         return st
 
     def _forget(self, rid: str) -> None:
         self._drop_state(rid)
         self._children.pop(rid, None)
         self._accounting.pop(rid, None)
+        self._child_deadlines.pop(rid, None)
         self._park_pending.discard(rid)
         node = self.deps.get(rid)
         if node is not None and node.parent_id is None:
             self.deps.pop_tree(rid)
+        self._drop_family(rid)
 
     def get_num_unfinished_requests(self) -> int:
         # A join decided outside update_from_output (a child aborted from
@@ -383,6 +439,8 @@ class SeqHooksMixin(
             "accounting": len(self._accounting),
             "pending_outputs": len(self._pending_outputs),
             "parked": self._num_parked,
+            "families": len(self._families),
+            "child_deadlines": len(self._child_deadlines),
             "requests": len(self.requests),
         }
 

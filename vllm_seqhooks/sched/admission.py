@@ -54,6 +54,11 @@ class AdmissionMixin:
                 self.hooks.promise_end_token_id,
                 max_promises=max_children,
             )
+        family = None
+        if scanner is not None and depth == 0:
+            family = self._new_family(request, per_request)
+            if family.deadline is not None:
+                self._timed_families.add(family)
         self._hook_states[request.request_id] = HookState(
             request=request,
             scanner=scanner,
@@ -62,6 +67,7 @@ class AdmissionMixin:
             orig_min_tokens=sp.min_tokens,
             child_max_tokens=per_request.get("child_max_tokens", self.hooks.child_max_tokens),
             separator=self._separator(per_request.get("merge_separator")),
+            family=family,
         )
 
     def _separator(self, text: str | None) -> tuple[int, ...]:

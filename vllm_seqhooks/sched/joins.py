@@ -105,6 +105,7 @@ class JoinMixin:
         self._ended_children.add(rid)
         st = self._drop_state(rid, None)
         self._accounting.pop(rid, None)
+        self._family_child_ended(st, rid)
         tokens: list[int] = []
         if state == FINISHED and st is not None:
             tokens = self._contribution(st)
@@ -163,7 +164,8 @@ class JoinMixin:
         self.metrics.inc("merged_tokens", len(merged))
         remaining = st.orig_max_tokens - st.sampled
         finish_status = st.final_status
-        if finish_status is None and (truncated or len(merged) >= room or remaining <= 0):
+        if finish_status is None and (truncated or len(merged) >= room or remaining <= 0
+                                      or self._stops_family_member(st)):
             finish_status = RequestStatus.FINISHED_LENGTH_CAPPED
         if finish_status is not None:
             self._finish_after_join(st, merged, finish_status)
@@ -219,6 +221,7 @@ class JoinMixin:
             del self._children[rid]
             self._ended_children.add(rid)
             self._drop_state(rid, None)
+            self._family_child_ended(st, rid)
             self.metrics.child_ended(FINISHED)
             reason = str(RequestStatus.get_finished_reason(status))
             node = self.deps.get(rid)
@@ -245,7 +248,8 @@ class JoinMixin:
         if node is None or node.parent_id is not None:
             return
         nodes = self.deps.pop_tree(rid)
-        trace = build_trace(nodes)
+        family = self._drop_family(rid)
+        trace = build_trace(nodes, limits=family.summary() if family is not None else None)
         params = dict(out.kv_transfer_params or {})
         params[TRACE_KEY] = trace
         out.kv_transfer_params = params

@@ -22,12 +22,17 @@ class SpawningMixin:
     def _ignore_promise(self, st: HookState, pos: int, reason: str) -> None:
         node = self.deps.ensure_root(st.request.request_id)
         node.ignored_promises.append({"position": pos, "reason": reason})
+        if st.family is not None:
+            st.family.promise_ignored(reason)
         self.metrics.inc("promises_ignored", 1)
         logger.debug("%s: promise at %d ignored (%s)", st.request.request_id, pos, reason)
 
-    def _spawn_refusal(self, ev: PayloadClosed) -> str | None:
+    def _spawn_refusal(self, st: HookState, ev: PayloadClosed) -> str | None:
         """Why a closed payload spawns no child (None: it spawns one)."""
         hooks = self.hooks
+        refusal = self._limit_refusal(st)
+        if refusal is not None:
+            return refusal
         if hooks.child_context == "fork":
             prompt_len = ev.context_end
         else:
@@ -43,7 +48,7 @@ class SpawningMixin:
     def _spawn(self, st: HookState, ev: PayloadClosed) -> None:
         parent = st.request
         hooks = self.hooks
-        refusal = self._spawn_refusal(ev)
+        refusal = self._spawn_refusal(st, ev)
         if refusal is not None:
             self._ignore_promise(st, ev.start - 1, refusal)
             return
@@ -65,6 +70,8 @@ class SpawningMixin:
             sampled_after = max(0, parent.num_tokens - 1 - ev.end)
             budget = max(1, st.orig_max_tokens - (st.sampled - sampled_after))
         budget = min(int(budget), room)
+        if st.family is not None:
+            budget = st.family.child_budget(budget)
         self.deps.ensure_root(parent.request_id)
         child_id = self.deps.new_child_id(parent.request_id)
         while child_id in self.requests:  # a client request already has that id
@@ -96,6 +103,7 @@ class SpawningMixin:
         )
         self._children[child_id] = child
         self.add_request(child)
+        self._child_spawned(st.family, child_id)
         self._queue_first(child)
         self.metrics.inc("children_spawned", 1)
         self.metrics.inc("fork_prompt_tokens", len(prompt))

@@ -55,7 +55,7 @@ class SpeculativeMixin:
         has_children = self.deps.has_open_children(st.request.request_id)
         for ev in scanner.copy().feed(new_token_ids, start):
             if isinstance(ev, PayloadClosed):
-                has_children = has_children or self._spawn_refusal(ev) is None
+                has_children = has_children or self._spawn_refusal(st, ev) is None
             elif isinstance(ev, SyncReached) and has_children:
                 return ev.pos - start
         return None

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.dependencies import JoinRecord
+from vllm_seqhooks.family import FamilyLedger
 from vllm_seqhooks.tokens import SpecialTokenProcessor
 
 
@@ -34,3 +35,6 @@ class HookState:
     preempted_at_stop: bool = False
     child_max_tokens: int | None = None
     separator: tuple[int, ...] = ()
+    #: The limits of the family this request belongs to (None: no limits,
+    #: the request cannot spawn).
+    family: FamilyLedger | None = None

@@ -1,0 +1,151 @@
+"""Fair share between families: which waiting children to hold back, and
+which running children to preempt, so that one family cannot starve other
+requests.
+
+Pure Python, no vLLM import; the scheduler gives a snapshot of its queues
+and applies the plan.
+
+A *family* is a request and its descendants; a request without hooks is a
+family of one. Children are queued ahead of requests that have not started
+(a parked parent's children must be able to run, or the cache fills with
+parked families). Left at that, a family that keeps spawning takes every
+running slot. The policy bounds it as max-min fair sharing of the slots
+(the "equal share per user" of fair queueing, applied to vLLM's
+``max_num_seqs`` slots and to its KV blocks), and only while another family
+waits, so that the engine stays work-conserving:
+
+* ``share = max(1, max_running // contenders)`` slots and
+  ``total_blocks // contenders`` KV blocks, where contenders are the
+  families with a request running or waiting;
+* a waiting child whose family already holds its share is held back for this
+  step when a request of another family, of the same or a more urgent
+  priority, waits;
+* when such a request waits and no slot is free, or the blocks it needs are
+  not free, the newest running child of the family most above its share is
+  preempted (vLLM's recompute preemption: its cached blocks stay in the
+  prefix cache), one per waiting request, never taking a family below its
+  share.
+
+With at least one slot per family, a parked parent's children always keep
+one slot (no deadlock); a request that arrives beside a family holding every
+slot gets one at the next step, and then decodes every step, so it finishes
+within a step or two of its time on an idle engine (tests count it).
+Priorities: a family is only held back or preempted for requests of the same
+or a more urgent priority (lower value), so ``--scheduling-policy
+priority`` is respected between families.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One request of the scheduler's queues."""
+
+    request_id: str
+    #: The family's root request id (the request's own id when it is not in
+    #: a family).
+    family: str
+    priority: int = 0
+    #: True for a child (only children are held back or preempted).
+    is_child: bool = False
+    #: KV blocks it holds (running requests).
+    blocks: int = 0
+
+
+@dataclass
+class FairSharePlan:
+    hold: list[str] = field(default_factory=list)
+    preempt: list[str] = field(default_factory=list)
+    share: int = 0
+
+
+def plan(
+    waiting: Sequence[Entry],
+    running: Sequence[Entry],
+    *,
+    max_running: int,
+    total_blocks: int,
+    free_blocks: int,
+    blocks_needed: dict[str, int] | None = None,
+    parked: Sequence[Entry] = (),
+) -> FairSharePlan:
+    """The plan for one step. ``waiting`` in queue order, ``running`` in
+    admission order, ``parked``: requests holding blocks without a slot;
+    ``blocks_needed``: blocks a waiting request needs to start (missing:
+    none)."""
+    families = {e.family for e in waiting} | {e.family for e in running}
+    if len(families) < 2:
+        return FairSharePlan()
+    share = max(1, max_running // len(families))
+    block_share = max(1, total_blocks // len(families))
+    slots: dict[str, int] = {}
+    blocks: dict[str, int] = {}
+    for e in running:
+        slots[e.family] = slots.get(e.family, 0) + 1
+        blocks[e.family] = blocks.get(e.family, 0) + e.blocks
+    for e in parked:
+        blocks[e.family] = blocks.get(e.family, 0) + e.blocks
+
+    def over(family: str) -> bool:
+        return slots.get(family, 0) >= share or blocks.get(family, 0) > block_share
+
+    # The most urgent priority waiting from each family.
+    urgent: dict[str, int] = {}
+    for e in waiting:
+        urgent[e.family] = min(urgent.get(e.family, e.priority), e.priority)
+
+    def others_wait(family: str, priority: int) -> bool:
+        return any(p <= priority for f, p in urgent.items() if f != family)
+
+    out = FairSharePlan(share=share)
+    admitted: dict[str, int] = {}
+    deprived: list[Entry] = []
+    for e in waiting:
+        if e.is_child and over(e.family) and others_wait(e.family, e.priority):
+            out.hold.append(e.request_id)
+            continue
+        if slots.get(e.family, 0) + admitted.get(e.family, 0) < share and not e.is_child:
+            deprived.append(e)
+        admitted[e.family] = admitted.get(e.family, 0) + 1
+    free_slots = max_running - len(running)
+    needed = blocks_needed or {}
+    free = free_blocks
+    for e in deprived:
+        need = needed.get(e.request_id, 0)
+        while free_slots <= 0 or need > free:
+            victim = _victim(running, slots, blocks, share, block_share,
+                             e.priority, out.preempt)
+            if victim is None:
+                return out
+            out.preempt.append(victim.request_id)
+            slots[victim.family] -= 1
+            blocks[victim.family] -= victim.blocks
+            free += victim.blocks
+            free_slots += 1
+        free_slots -= 1
+        free -= need
+    return out
+
+
+def _victim(running: Sequence[Entry], slots: dict[str, int], blocks: dict[str, int],
+            share: int, block_share: int, priority: int,
+            taken: list[str]) -> Entry | None:
+    """The newest running child of the family most above its share (of
+    slots, then of blocks), among families no more urgent than
+    ``priority``; a family always keeps one running request."""
+    best: Entry | None = None
+    best_excess = (0, 0)
+    for e in reversed(running):
+        if not e.is_child or e.request_id in taken or e.priority < priority:
+            continue
+        if slots.get(e.family, 0) <= 1:
+            continue
+        excess = (max(0, slots[e.family] - share),
+                  max(0, blocks.get(e.family, 0) - block_share))
+        if excess > best_excess:
+            best, best_excess = e, excess
+    return best
