@@ -13,6 +13,7 @@ from vllm_seqhooks.config import (
 )
 from vllm_seqhooks.dependencies import HookNode, JoinRecord, family_usage
 from vllm_seqhooks.fair_share import Entry, plan
+from vllm_seqhooks.kv_admission import JoinFootprint, admit_families
 from vllm_seqhooks.family import (
     DEADLINE,
     DESCENDANTS,
@@ -127,6 +128,7 @@ def test_request_values_parsed():
     ("family_token_factor", 0), ("max_descendants", -1),
     ("max_live_children_per_family", 0), ("max_live_children", 0),
     ("child_timeout_s", 0), ("family_timeout_s", math.nan), ("fair_share", "yes"),
+    ("memory_aware_admission", 1),
 ])
 def test_bad_server_settings(field, value):
     with pytest.raises(SpecialKwargsError, match=field):
@@ -157,16 +159,14 @@ def bomb_running(n, family="bomb", priority=0, blocks=2):
 
 def test_one_family_alone_is_not_limited():
     waiting = [Entry(f"bomb-w{i}", "bomb", 0, True) for i in range(5)]
-    got = plan(waiting, bomb_running(16), max_running=16, total_blocks=100,
-               free_blocks=60)
+    got = plan(waiting, bomb_running(16), max_running=16, total_blocks=100)
     assert got.hold == [] and got.preempt == []
 
 
 def test_plain_request_beside_a_full_family_gets_a_slot_now():
     waiting = [Entry(f"bomb-w{i}", "bomb", 0, True) for i in range(5)]
     waiting.append(Entry("plain", "plain", 0, False))
-    got = plan(waiting, bomb_running(16), max_running=16, total_blocks=100,
-               free_blocks=60, blocks_needed={"plain": 1})
+    got = plan(waiting, bomb_running(16), max_running=16, total_blocks=100)
     assert got.share == 8
     assert got.hold == [f"bomb-w{i}" for i in range(5)]
     # The newest child of the family over its share makes room.
@@ -175,8 +175,7 @@ def test_plain_request_beside_a_full_family_gets_a_slot_now():
 
 def test_free_slot_means_no_preemption_and_under_share_children_pass():
     waiting = [Entry("bomb-w0", "bomb", 0, True), Entry("plain", "plain", 0, False)]
-    got = plan(waiting, bomb_running(3), max_running=16, total_blocks=100,
-               free_blocks=60, blocks_needed={"plain": 1})
+    got = plan(waiting, bomb_running(3), max_running=16, total_blocks=100)
     assert got.hold == [] and got.preempt == []
 
 
@@ -184,13 +183,12 @@ def test_blocks_count_toward_the_share():
     waiting = [Entry("bomb-w0", "bomb", 0, True), Entry("plain", "plain", 0, False)]
     # Two running children (under the slot share) hold 90 of 100 blocks.
     running = bomb_running(2, blocks=45)
-    got = plan(waiting, running, max_running=16, total_blocks=100, free_blocks=5,
-               blocks_needed={"plain": 8})
+    got = plan(waiting, running, max_running=16, total_blocks=100)
     assert got.hold == ["bomb-w0"]
-    assert got.preempt == ["bomb-c1"]
+    # A free slot: nothing is preempted for blocks.
+    assert got.preempt == []
     # Parked parents' blocks count too; a family always keeps one running.
     got = plan(waiting, bomb_running(1, blocks=10), max_running=16, total_blocks=100,
-               free_blocks=5, blocks_needed={"plain": 8},
                parked=[Entry("bomb", "bomb", 0, False, 80)])
     assert got.hold == ["bomb-w0"] and got.preempt == []
 
@@ -198,13 +196,11 @@ def test_blocks_count_toward_the_share():
 def test_priorities_are_respected_between_families():
     urgent_family = bomb_running(16, priority=0)
     waiting = [Entry("bomb-w0", "bomb", 0, True), Entry("plain", "plain", 5, False)]
-    got = plan(waiting, urgent_family, max_running=16, total_blocks=100,
-               free_blocks=60, blocks_needed={"plain": 1})
+    got = plan(waiting, urgent_family, max_running=16, total_blocks=100)
     assert got.hold == [] and got.preempt == []
     lax_family = bomb_running(16, priority=5)
     waiting = [Entry("bomb-w0", "bomb", 5, True), Entry("plain", "plain", 0, False)]
-    got = plan(waiting, lax_family, max_running=16, total_blocks=100,
-               free_blocks=60, blocks_needed={"plain": 1})
+    got = plan(waiting, lax_family, max_running=16, total_blocks=100)
     assert got.hold == ["bomb-w0"] and got.preempt == ["bomb-c15"]
 
 
@@ -212,9 +208,42 @@ def test_two_families_split_the_slots():
     running = bomb_running(10, "a") + bomb_running(2, "b")
     waiting = [Entry("a-w", "a", 0, True), Entry("b-w", "b", 0, True),
                Entry("plain", "plain", 0, False)]
-    got = plan(waiting, running, max_running=12, total_blocks=1000,
-               free_blocks=900, blocks_needed={"plain": 1})
+    got = plan(waiting, running, max_running=12, total_blocks=1000)
     assert got.share == 4
     assert got.hold == ["a-w"]
     # b is under its share: its child is not held back.
     assert got.preempt == ["a-c9"]
+
+
+# ------------------------------------------------------ memory-aware admission
+def test_footprint_learns_from_joins():
+    fp = JoinFootprint(alpha=0.5)
+    assert fp.growth(prompt_blocks=7) == 7.0  # a guess until the first join
+    fp.observe(10)
+    assert fp.growth(prompt_blocks=7) == 10.0
+    fp.observe(20)
+    assert fp.growth(prompt_blocks=7) == 15.0
+
+
+def test_new_families_wait_for_room_for_the_running_ones():
+    fp = JoinFootprint()
+    fp.observe(10)
+    cands = [("a", 5), ("b", 5), ("c", 5)]
+    # Nothing running: the first always starts; each one started reserves
+    # a join round (10) for itself.
+    assert admit_families(cands, free_blocks=30, growing_families=0, footprint=fp) == ["a", "b"]
+    # Three families will still grow: 40 - 30 >= 5 for one more only.
+    assert admit_families(cands, free_blocks=40, growing_families=3, footprint=fp) == ["a"]
+    assert admit_families(cands, free_blocks=20, growing_families=2, footprint=fp) == []
+    # Queue order: a later, smaller family does not overtake.
+    assert admit_families([("big", 30), ("small", 1)], free_blocks=35, growing_families=1,
+                          footprint=fp) == []
+    # A cache too small for any reserve still runs one family at a time.
+    assert admit_families(cands, free_blocks=3, growing_families=0, footprint=fp) == ["a"]
+    # No join seen yet (hooks unused so far): only families that spawned
+    # reserve room, new ones are admitted as vLLM would.
+    fresh = JoinFootprint()
+    assert admit_families(cands, free_blocks=20, growing_families=0,
+                          footprint=fresh) == ["a", "b", "c"]
+    assert admit_families(cands, free_blocks=20, growing_families=2,
+                          footprint=fresh) == ["a", "b"]

@@ -296,3 +296,37 @@ def test_family_timeout_stops_a_running_request(async_sched):
     assert h.finish_reasons["r"] == FinishReason.LENGTH
     assert len(h.tokens["r"]) < 40
     assert_idle(h)
+
+
+# ------------------------------------------------------ memory-aware admission
+def families_under_kv_pressure(async_sched, admission: bool, n: int = 8):
+    """``n`` families (64-token prompts, 2 children of 24 tokens, a short
+    continuation) on a 24-block cache: at most ~5 parents fit at once."""
+    h = SchedHarness(async_sched, hooks={"memory_aware_admission": admission},
+                     num_blocks=24)
+    for i in range(n):
+        rid = f"f{i}"
+        h.scripts[rid] = [P, 40, E, P, 41, E, S] + [50] * 8 + [EOS]
+        for j in range(2):
+            h.scripts[child_id(rid, j)] = [60 + j] * 24 + [EOS]
+        h.add(rid, [10 + i] * 64, max_tokens=100)
+    steps = h.run(max_steps=3000)
+    return h, steps
+
+
+@MODES
+def test_memory_aware_admission_under_kv_pressure(async_sched):
+    h, steps = families_under_kv_pressure(async_sched, admission=True)
+    off, steps_off = families_under_kv_pressure(async_sched, admission=False)
+    expected = [P, 40, E, P, 41, E, S, *([60] * 24), SEP, *([61] * 24), *([50] * 8), EOS]
+    for i in range(8):
+        assert h.tokens[f"f{i}"] == expected
+        assert off.tokens[f"f{i}"] == expected
+    # Once the first joins showed what a family needs, parents no longer
+    # park holding the blocks their children need: fewer spills, and fewer
+    # steps than admitting every parent that fits (the first burst, before
+    # any join, is admitted as vLLM would).
+    assert h.sched.hook_stats["spills"] < off.sched.hook_stats["spills"]
+    assert steps < 0.8 * steps_off, (steps, steps_off)
+    assert_idle(h)
+    assert_idle(off)

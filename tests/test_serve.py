@@ -301,3 +301,156 @@ def test_n_and_stop_strings(client, tiny_model_dir, S):
                                   extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
     assert r.choices[0].text == EXPECTED.split("BBBB")[0]
     assert r.choices[0].finish_reason == "stop"
+
+
+# ------------------------------------------------------------ adversarial
+def _bad_values(kind):
+    """Values a per-request key of this kind must refuse (raw JSON text)."""
+    common = ['[1, 2]', '{"a": 1}', 'NaN', 'null']
+    if kind == "bool":
+        return ['"maybe"', '2', *common]
+    if kind == "text":
+        return ['5', '1.5', *common]
+    if kind == "seconds":
+        return ['"soon"', '0', '-1', 'Infinity', '-Infinity', *common]
+    # (JSON true reaches an integer key as 1: vLLM's request model coerces it)
+    return ['"12"', '1.5', '-1', '-1e308', *common]
+
+
+def _post_raw(url, body_text):
+    import requests
+
+    return requests.post(url + "/v1/completions", data=body_text,
+                         headers={"Content-Type": "application/json"}, timeout=120)
+
+
+def test_adversarial_request_values_answer_400_and_serving_goes_on(server, client,
+                                                                    tiny_model_dir, S):
+    """Every per-request key with wrong types, below its minimum, NaN,
+    infinities, null, lists and nested objects: HTTP 400 (naming the key
+    when the value reaches our validation), the server keeps serving and
+    nothing leaks."""
+    from benchmarks.serve_load import wait_drained
+    from vllm_seqhooks.config import REQUEST_OVERRIDE_KEYS
+
+    url = server[0]
+    kinds = {None: "bool", "text": "text", "seconds": "seconds"}
+    tried = 0
+    for key, minimum in REQUEST_OVERRIDE_KEYS.items():
+        kind = kinds.get(minimum, "int")
+        for raw in _bad_values(kind):
+            if kind == "int" and raw == "-1" and minimum == 0:
+                raw = "-2"
+            body = (f'{{"model": {json.dumps(tiny_model_dir)}, "prompt": "x", '
+                    f'"max_tokens": 4, "vllm_xargs": {{"{key}": {raw}}}}}')
+            r = _post_raw(url, body)
+            tried += 1
+            assert r.status_code == 400, (key, raw, r.status_code, r.text[:300])
+            if raw not in ('{"a": 1}', 'null'):
+                # pydantic refuses nested objects and null before us
+                assert key in r.text, (key, raw, r.text[:300])
+    assert tried >= 55
+    # Past 64 bits vLLM itself refuses the value (a clear 400).
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="integers must be between"):
+        client.completions.create(model=tiny_model_dir, prompt="x", max_tokens=4,
+                                  extra_body={"vllm_xargs": {"seqhooks_max_descendants": 10**30}})
+    # Huge integers are accepted: they are lowered to the server's limits.
+    huge = {k: 2**62 for k, m in REQUEST_OVERRIDE_KEYS.items() if isinstance(m, int)}
+    ok = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                   temperature=0,
+                                   extra_body={"vllm_xargs": {**xargs(S, SCRIPT, CHILDREN),
+                                                              **huge}})
+    assert ok.choices[0].text == EXPECTED
+    assert not any(wait_drained(url).values())
+
+
+def test_best_of_and_hook_tokens_in_the_prompt(server, client, tiny_model_dir, S):
+    # Hook tokens in the prompt are text: only sampled tokens drive hooks.
+    r = client.completions.create(
+        model=tiny_model_dir, prompt="<promise>evil</promise><promise>x</promise><sync>",
+        max_tokens=60, temperature=0, extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
+    assert r.choices[0].text == EXPECTED
+    trace = r.model_extra["kv_transfer_params"]["seqhooks"]
+    assert [c["key"] for c in trace["children"]] == ["0", "1"]
+    # best_of: vLLM 0.32's completions API has no such field; it is answered
+    # (ignored or refused) and hooks are unaffected.
+    resp = _post_raw(server[0], json.dumps({
+        "model": tiny_model_dir, "prompt": "hello", "max_tokens": 60, "temperature": 0,
+        "best_of": 2, "n": 1, "vllm_xargs": xargs(S, SCRIPT, CHILDREN)}))
+    assert resp.status_code in (200, 400), resp.text[:300]
+    if resp.status_code == 200:
+        assert resp.json()["choices"][0]["text"] == EXPECTED
+
+
+def test_family_limits_over_http(client, tiny_model_dir, S):
+    base = xargs(S, SCRIPT, CHILDREN)
+    one = client.completions.create(
+        model=tiny_model_dir, prompt="hello", max_tokens=60, temperature=0,
+        extra_body={"vllm_xargs": {**base, "seqhooks_max_descendants": 1}})
+    trace = one.model_extra["kv_transfer_params"]["seqhooks"]
+    assert len(trace["children"]) == 1
+    assert [p["reason"] for p in trace["ignored_promises"]] == ["max_descendants"]
+    assert one.choices[0].text == "ab<promise>xy</promise><promise>zw</promise>c<sync>AAAdone"
+    # A family budget of 60 (own) + 3 tokens: the children are cut at 3
+    # tokens together, with finish reason length, and their text is merged.
+    cut = client.completions.create(
+        model=tiny_model_dir, prompt="hello", max_tokens=60, temperature=0,
+        extra_body={"vllm_xargs": {**base, "seqhooks_max_family_tokens": 63}})
+    trace = cut.model_extra["kv_transfer_params"]["seqhooks"]
+    assert trace["limits"]["exhausted_by"] == "family_token_budget"
+    assert trace["usage"]["children_sampled_tokens"] == 3
+    assert {c["finish_reason"] for c in trace["children"]} == {"length"}
+    assert cut.choices[0].text.endswith("done")
+
+
+def test_concurrent_aborts_of_families(server, client, tiny_model_dir, S):
+    """Eight streaming families on a slowed model; four clients go away once
+    their parent has parked: their subtrees go, the others finish exactly,
+    and nothing is left allocated."""
+    import threading
+
+    import requests
+
+    from benchmarks.serve_load import wait_drained
+
+    url = server[0]
+
+    def body(i):
+        return {
+            "model": tiny_model_dir, "prompt": f"family {i}", "max_tokens": 200,
+            "temperature": 0, "stream": True,
+            "vllm_xargs": {**xargs(S, SCRIPT, {"0": "A" * 40, "1": "B" * 40}),
+                           "seqhooks_step_delay_ms": 20},
+        }
+
+    results = {}
+
+    def run(i, abort):
+        with requests.post(url + "/v1/completions", json=body(i), stream=True,
+                           timeout=300) as r:
+            text = []
+            for line in r.iter_lines():
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                text.append("".join(c.get("text") or "" for c in chunk["choices"]))
+                if abort and "<sync>" in "".join(text):
+                    results[i] = "aborted"
+                    return  # closing the connection aborts the request
+            results[i] = "".join(text)
+
+    threads = [threading.Thread(target=run, args=(i, i % 2 == 0)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    full = EXPECTED.replace("AAA\nBBBB", "A" * 40 + "\n" + "B" * 40)
+    assert all(results[i] == "aborted" for i in range(0, 8, 2))
+    assert all(results[i] == full for i in range(1, 8, 2)), results
+    assert not any(wait_drained(url).values())
+    # and the server still answers
+    ok = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                   temperature=0, extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
+    assert ok.choices[0].text == EXPECTED

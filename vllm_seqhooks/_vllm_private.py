@@ -22,6 +22,7 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_free_request_blocks", ("self", "request")),
     ("_free_request", ("self", "request", "delay_free_blocks")),
     ("_preempt_request", ("self", "request", "timestamp", "drop_stale_output")),
+    ("_handle_blocked_waiting_request", ("self", "request")),
     ("finish_requests", ("self", "request_ids", "finished_status")),
     ("add_request", ("self", "request")),
     ("update_from_output", ("self", "scheduler_output", "model_runner_output")),

@@ -111,6 +111,7 @@ class SpecialKwargs:
     child_timeout_s: float | None = None
     family_timeout_s: float | None = None
     fair_share: bool = True
+    memory_aware_admission: bool = True
     # Filled in by resolve(); part of the JSON form so that the engine does not
     # need to tokenize again.
     merge_separator_token_ids: tuple[int, ...] | None = field(default=None)
@@ -200,8 +201,10 @@ class SpecialKwargs:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, check_seconds(name, value))
-        if not isinstance(self.fair_share, bool):
-            raise SpecialKwargsError(f"fair_share must be true or false, got {self.fair_share!r}")
+        for name in ("fair_share", "memory_aware_admission"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecialKwargsError(
+                    f"{name} must be true or false, got {getattr(self, name)!r}")
         for name in (
             "merge_separator_token_ids",
             "failed_child_marker_token_ids",

@@ -20,11 +20,14 @@ waits, so that the engine stays work-conserving:
 * a waiting child whose family already holds its share is held back for this
   step when a request of another family, of the same or a more urgent
   priority, waits;
-* when such a request waits and no slot is free, or the blocks it needs are
-  not free, the newest running child of the family most above its share is
-  preempted (vLLM's recompute preemption: its cached blocks stay in the
-  prefix cache), one per waiting request, never taking a family below its
-  share.
+* when such a request waits and no slot is free, the newest running child
+  of the family most above its share of slots is preempted (vLLM's
+  recompute preemption: its cached blocks stay in the prefix cache), one
+  per waiting request, never taking a family below its share. Blocks are
+  not preempted for: under KV pressure, preempting running children to
+  start other families only trades one recomputation for another (the
+  memory-aware admission of :mod:`vllm_seqhooks.kv_admission` keeps new
+  families out instead).
 
 With at least one slot per family, a parked parent's children always keep
 one slot (no deadlock); a request that arrives beside a family holding every
@@ -69,14 +72,10 @@ def plan(
     *,
     max_running: int,
     total_blocks: int,
-    free_blocks: int,
-    blocks_needed: dict[str, int] | None = None,
     parked: Sequence[Entry] = (),
 ) -> FairSharePlan:
     """The plan for one step. ``waiting`` in queue order, ``running`` in
-    admission order, ``parked``: requests holding blocks without a slot;
-    ``blocks_needed``: blocks a waiting request needs to start (missing:
-    none)."""
+    admission order, ``parked``: requests holding blocks without a slot."""
     families = {e.family for e in waiting} | {e.family for e in running}
     if len(families) < 2:
         return FairSharePlan()
@@ -112,11 +111,8 @@ def plan(
             deprived.append(e)
         admitted[e.family] = admitted.get(e.family, 0) + 1
     free_slots = max_running - len(running)
-    needed = blocks_needed or {}
-    free = free_blocks
     for e in deprived:
-        need = needed.get(e.request_id, 0)
-        while free_slots <= 0 or need > free:
+        while free_slots <= 0:
             victim = _victim(running, slots, blocks, share, block_share,
                              e.priority, out.preempt)
             if victim is None:
@@ -124,18 +120,16 @@ def plan(
             out.preempt.append(victim.request_id)
             slots[victim.family] -= 1
             blocks[victim.family] -= victim.blocks
-            free += victim.blocks
             free_slots += 1
         free_slots -= 1
-        free -= need
     return out
 
 
 def _victim(running: Sequence[Entry], slots: dict[str, int], blocks: dict[str, int],
             share: int, block_share: int, priority: int,
             taken: list[str]) -> Entry | None:
-    """The newest running child of the family most above its share (of
-    slots, then of blocks), among families no more urgent than
+    """The newest running child of the family most above its share of
+    slots (then of blocks), among families no more urgent than
     ``priority``; a family always keeps one running request."""
     best: Entry | None = None
     best_excess = (0, 0)
@@ -144,8 +138,7 @@ def _victim(running: Sequence[Entry], slots: dict[str, int], blocks: dict[str, i
             continue
         if slots.get(e.family, 0) <= 1:
             continue
-        excess = (max(0, slots[e.family] - share),
-                  max(0, blocks.get(e.family, 0) - block_share))
-        if excess > best_excess:
+        excess = (slots[e.family] - share, blocks.get(e.family, 0) - block_share)
+        if excess[0] > 0 and excess > best_excess:
             best, best_excess = e, excess
     return best

@@ -49,13 +49,15 @@ from vllm_seqhooks.sched.accounting import AccountingMixin
 from vllm_seqhooks.sched.admission import AdmissionMixin
 from vllm_seqhooks.sched.engine_support import unsupported_engine
 from vllm_seqhooks.sched.fairness import FairShareMixin
+from vllm_seqhooks.sched.family_admission import FamilyAdmissionMixin
+from vllm_seqhooks.kv_admission import JoinFootprint
 from vllm_seqhooks.sched.joins import TRACE_KEY, JoinMixin  # noqa: F401 (TRACE_KEY: re-exported)
 from vllm_seqhooks.sched.limits import LimitsMixin
+from vllm_seqhooks.sched.sampling import SamplingMixin
 from vllm_seqhooks.sched.spawning import SpawningMixin
-from vllm_seqhooks.sched.speculative import SpeculativeMixin, count_as_rejected
+from vllm_seqhooks.sched.speculative import SpeculativeMixin
 from vllm_seqhooks.sched.spill import SpillMixin
 from vllm_seqhooks.sched.state import HookState
-from vllm_seqhooks.tokens import PayloadClosed, PromiseIgnored, SyncReached
 
 _vllm_private.check()
 
@@ -64,6 +66,7 @@ logger = logging.getLogger("vllm.seqhooks.scheduler")
 
 
 class SeqHooksMixin(
+    SamplingMixin,
     AdmissionMixin,
     SpawningMixin,
     SpeculativeMixin,
@@ -72,6 +75,7 @@ class SeqHooksMixin(
     SpillMixin,
     LimitsMixin,
     FairShareMixin,
+    FamilyAdmissionMixin,
 ):
     """Fork/join on top of vLLM's ``Scheduler`` (or ``AsyncScheduler``): the
     lifecycle and the state; the parts live in :mod:`vllm_seqhooks.sched`."""
@@ -92,6 +96,7 @@ class SeqHooksMixin(
     _timed_families: frozenset = frozenset()
     _families_to_cut: tuple = ()
     _child_deadlines: Mapping[str, float] = MappingProxyType({})
+    _held_this_step: frozenset[str] = frozenset()
     _num_parked = 0
     _children_starved = False
     _order_output_by_family = False
@@ -147,6 +152,10 @@ class SeqHooksMixin(
         self._families_to_cut: list = []
         #: Child request id -> clock reading at which it times out.
         self._child_deadlines: dict[str, float] = {}
+        #: Waiting requests vLLM skips in this step's admission (fair share,
+        #: memory-aware admission of families).
+        self._held_this_step: set[str] = set()
+        self._join_footprint = JoinFootprint()
         self._tokenizer = None
         self._token_cache: dict[str, tuple[int, ...]] = {}
         model_name = vllm_config.model_config.served_model_name
@@ -213,109 +222,6 @@ class SeqHooksMixin(
         self._publish_metrics()
         return finished
 
-    # ------------------------------------------------------------ sampling
-    def _update_request_with_output(
-        self, request: Request, new_token_ids: list[int], is_stale: bool = False
-    ) -> tuple[list[int], bool]:
-        st = self._hook_states.get(request.request_id)
-        if st is not None and st.scanner is not None and len(new_token_ids) > 1:
-            self._trim_after_sync(st, new_token_ids, is_stale)
-        start = request.num_tokens
-        offered = len(new_token_ids)
-        was_preempted = request.status == RequestStatus.PREEMPTED
-        cut = False
-        if st is not None and st.family is not None:
-            allowed = self._tokens_allowed(st, offered)
-            if allowed < offered:
-                del new_token_ids[allowed:]
-                cut = True
-        new_token_ids, stopped = super()._update_request_with_output(
-            request, new_token_ids, is_stale
-        )
-        if st is not None and st.family is not None:
-            self._charge(st, len(new_token_ids))
-            if not stopped and (cut or self._stops_family_member(st)):
-                # The family's budget or deadline ends this request here.
-                request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-                stopped = True
-        if st is None or not new_token_ids:
-            if stopped and st is not None and st.scanner is not None and (
-                    self.deps.has_open_children(request.request_id)):
-                if offered and not is_stale:
-                    count_as_rejected(request, offered)
-                self._park(st, stopped_by_finish=True)
-            return new_token_ids, stopped
-        if stopped and len(new_token_ids) < offered and not is_stale:
-            # vLLM stopped at a token before the last (speculative decoding).
-            # A finished request never computes again, but one that parks
-            # for its children resumes from its frontier: count the tokens
-            # vLLM cut as rejected drafts, as _trim_after_sync does.
-            count_as_rejected(request, offered - len(new_token_ids))
-        st.preempted_at_stop = was_preempted
-        st.sampled += len(new_token_ids)
-        if st.accounting is not None:
-            self._accounting.pop(request.request_id, None)
-            st.accounting = None
-        scanner = st.scanner
-        if scanner is None:
-            if stopped and self.deps.has_open_children(request.request_id):
-                self._park(st, stopped_by_finish=True)
-            return new_token_ids, stopped
-        for ev in scanner.feed(new_token_ids, start):
-            if isinstance(ev, PayloadClosed):
-                self._spawn(st, ev)
-            elif isinstance(ev, PromiseIgnored):
-                self._ignore_promise(st, ev.pos, ev.reason)
-            elif isinstance(ev, SyncReached) and self.deps.has_open_children(
-                request.request_id
-            ):
-                # _trim_after_sync made this <sync> the step's last token.
-                self._park(st, stopped_by_finish=stopped)
-                return new_token_ids, True
-        if stopped:
-            end = request.num_tokens
-            if request.status == RequestStatus.FINISHED_STOPPED:
-                end -= 1  # the EOS / stop token is not part of a payload
-            for ev in scanner.finish(end):
-                self._spawn(st, ev)
-            if self.deps.has_open_children(request.request_id):
-                self._park(st, stopped_by_finish=True)
-        return new_token_ids, stopped
-
-
-    def _park(self, st: HookState, *, stopped_by_finish: bool) -> None:
-        request = st.request
-        if stopped_by_finish:
-            st.final_status = request.status
-            st.final_stop_reason = request.stop_reason
-            if request.status == RequestStatus.FINISHED_STOPPED:
-                st.stop_pos = request.num_tokens - 1
-        else:
-            request.status = RequestStatus.FINISHED_STOPPED
-        request.stop_reason = None
-        if st.preempted_at_stop:
-            # vLLM preempted the request while this step was in flight: its
-            # blocks are gone (num_computed_tokens == 0) and vLLM takes it out
-            # of every queue after this step. Park it as spilled: it resumes
-            # through the prefix cache, and is queued again after the step.
-            st.spilled_frontier = request.num_tokens - (0 if stopped_by_finish else 1)
-            self._requeue_after_step.append(request)
-        st.parked = True
-        self._num_parked += 1
-        # The worker drops its state for the parked request (freeing its
-        # model-runner slot); it is re-sent in full when the request resumes.
-        self.finished_req_ids.add(request.request_id)
-        self.deps.block(request.request_id)
-        self._park_pending.add(request.request_id)
-        self._parked_this_step.add(request.request_id)
-        if self.deps.ready_to_join(request.request_id):
-            self._ready_joins.append(request.request_id)
-
-    def _unpark(self, st: HookState) -> None:
-        if st.parked:
-            st.parked = False
-            self._num_parked -= 1
-
     def _free_request(self, request: Request, *args: Any, **kwargs: Any):
         # A child's state lives until its parent has taken its output
         # (_child_ended); any other request's goes with the request (and
@@ -327,18 +233,6 @@ class SeqHooksMixin(
                 self._drop_family(rid)
         return super()._free_request(request, *args, **kwargs)
 
-    def _handle_stopped_request(self, request: Request) -> bool:
-        if request.request_id not in self._park_pending:
-            return super()._handle_stopped_request(request)
-        self._park_pending.discard(request.request_id)
-        was_resumable, request.resumable = request.resumable, True
-        try:
-            finished = super()._handle_stopped_request(request)
-        finally:
-            request.resumable = was_resumable
-        assert not finished
-        return False
-
     # ---------------------------------------------------------- scheduling
     def schedule(self, *args: Any, **kwargs: Any):
         if self._families:
@@ -348,27 +242,31 @@ class SeqHooksMixin(
         # slot. Parked parents do not: the worker dropped their state when
         # they parked (see _park). Counting them would keep their own
         # children out of the batch (deadlock with few slots).
-        held = ()
+        if self._families and self.waiting and self.hooks.memory_aware_admission:
+            self._held_this_step.update(self._family_admission_holds())
         if self._children and self.hooks.fair_share and self.waiting:
-            held = self._hold_back_children()
+            self._held_this_step.update(self._fair_share_holds())
         parked = self._num_parked
         if parked:
             self.num_waiting_for_streaming_input -= parked
         try:
             out = super().schedule(*args, **kwargs)
-            # Before held-back children are queued again: they were not
-            # starved of blocks.
             self._children_starved = bool(self._children) and self._child_left_waiting(out)
         finally:
             if parked:
                 self.num_waiting_for_streaming_input += parked
-            if held:
-                self._restore_held(held)
+            if self._held_this_step:
+                self._held_this_step.clear()
         if self._accounting or self._children:
             self._account(out)
         if self._children and self._order_output_by_family:
             _order_by_family(out.num_scheduled_tokens)
         return out
+
+    def _handle_blocked_waiting_request(self, request: Request) -> bool:
+        if request.request_id in self._held_this_step:
+            return False  # vLLM skips it for this step, keeping its place
+        return super()._handle_blocked_waiting_request(request)
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any):
         self.metrics.inc("preemptions", 1)

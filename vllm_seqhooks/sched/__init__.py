@@ -5,11 +5,19 @@ in ``vllm_seqhooks._vllm_private``.
 
 * :mod:`.state`: the per-request bookkeeping (:class:`~.state.HookState`);
 * :mod:`.admission`: hook settings of a request as it is added;
+* :mod:`.sampling`: what a request sampled: trimmed to its family's budget,
+  scanned for payloads and ``<sync>``, parked;
 * :mod:`.spawning`: a closed payload becomes a child request;
 * :mod:`.speculative`: several tokens a step, cut at a ``<sync>`` that parks;
 * :mod:`.joins`: children's outputs filtered, merged into the parked parent,
   which resumes; the trace of a finished request;
 * :mod:`.accounting`: prefill counted at joins and cache hits at forks;
 * :mod:`.spill`: parked parents give their KV blocks back under pressure;
+* :mod:`.limits`: family budgets, spawn limits and deadlines
+  (:mod:`vllm_seqhooks.family` decides);
+* :mod:`.fairness`: fair share of slots between families
+  (:mod:`vllm_seqhooks.fair_share` decides);
+* :mod:`.family_admission`: new families wait for KV room
+  (:mod:`vllm_seqhooks.kv_admission` decides);
 * :mod:`.engine_support`: engines hooks refuse at start-up.
 """

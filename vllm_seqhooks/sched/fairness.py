@@ -1,5 +1,6 @@
-"""Fair share applied: the plan of :mod:`vllm_seqhooks.fair_share` holds
-over-share children out of this step's admission and preempts the newest
+"""Fair share applied: the plan of :mod:`vllm_seqhooks.fair_share` keeps
+over-share children out of this step's admission (the scheduler skips
+them, see ``_handle_blocked_waiting_request``) and preempts the newest
 children of a family that holds more than its share while others wait."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request, RequestStatus  # noqa: F401
 
 from vllm_seqhooks.fair_share import Entry, plan
 
@@ -18,32 +19,21 @@ logger = logging.getLogger("vllm.seqhooks.scheduler")
 class FairShareMixin:
     """Keeps one family from starving the others (see fair_share.py)."""
 
-    def _hold_back_children(self) -> list[Request]:
-        """Apply this step's plan; returns the children taken out of the
-        waiting queue, to put back after scheduling
-        (:meth:`_restore_held`)."""
-        waiting: list[Entry] = []
-        needed: dict[str, int] = {}
-        block_size = self.block_size
-        for req in self.waiting:
-            if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
-                continue
-            entry = self._entry(req, with_blocks=False)
-            waiting.append(entry)
-            if not entry.is_child:
-                needed[req.request_id] = -(-(req.num_tokens - req.num_computed_tokens + 1)
-                                           // block_size)
-        if not any(not e.is_child for e in waiting):
+    def _fair_share_holds(self) -> list[str]:
+        """Apply this step's plan: preempt what it says, and return the
+        children to keep out of this step's admission."""
+        waiting = [self._entry(req, with_blocks=False) for req in self.waiting
+                   if req.status != RequestStatus.WAITING_FOR_STREAMING_REQ
+                   and req.request_id not in self._held_this_step]
+        if all(e.is_child for e in waiting):
             return []
         running = [self._entry(req, with_blocks=True) for req in self.running]
         parked = [self._entry(st.request, with_blocks=True)
                   for st in self._hook_states.values()
                   if st.parked and st.spilled_frontier is None]
-        pool = self.kv_cache_manager.block_pool
         decided = plan(waiting, running, max_running=self.max_num_running_reqs,
-                       total_blocks=pool.num_gpu_blocks,
-                       free_blocks=pool.get_num_free_blocks(),
-                       blocks_needed=needed, parked=parked)
+                       total_blocks=self.kv_cache_manager.block_pool.num_gpu_blocks,
+                       parked=parked)
         if decided.preempt:
             now = time.time()
             for rid in decided.preempt:
@@ -53,16 +43,8 @@ class FairShareMixin:
             self.metrics.inc("fair_share_preemptions", len(decided.preempt))
             logger.debug("fair share (%d slots per family): preempted %s",
                          decided.share, decided.preempt)
-        if not decided.hold:
-            return []
-        hold = set(decided.hold)
-        held = [req for req in self.waiting if req.request_id in hold]
-        self.waiting.remove_requests(held)
-        return held
-
-    def _restore_held(self, held: list[Request]) -> None:
-        # FCFS: back at the front, in their order; priority: by the heap.
-        self.waiting.prepend_requests(reversed(held))
+        # Preempted children are over their family's share too.
+        return decided.hold + decided.preempt
 
     def _entry(self, req: Request, *, with_blocks: bool) -> Entry:
         rid = req.request_id

@@ -147,6 +147,7 @@ class JoinMixin:
         merged, _children = self.deps.take_merge(
             rid, st.separator, hooks.failed_child_marker_token_ids,
         )
+        self._observe_join(_children, len(merged))
         if hooks.merge_strategy == "none":
             merged = []
         node = self.deps.get(rid)

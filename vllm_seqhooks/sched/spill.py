@@ -26,7 +26,8 @@ class SpillMixin:
         if len(self.running) >= self.max_num_running_reqs:
             return False
         for req in self.waiting:
-            if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            if (req.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+                    or req.request_id in self._held_this_step):
                 continue
             return req.request_id in self._children
         return False
