@@ -24,7 +24,13 @@ from vllm_seqhooks.family import (
     FAMILY_LIVE,
     TOKEN_BUDGET,
 )
-from vllm_seqhooks.testing.fork_bomb import BOMB_ID, PLAIN_ID, promises, run_fork_bomb
+from vllm_seqhooks.testing.fork_bomb import (
+    BOMB_ID,
+    LIMITS_OFF,
+    PLAIN_ID,
+    promises,
+    run_fork_bomb,
+)
 from vllm_seqhooks.testing.sched_harness import (
     EOS_ID as EOS,
     SEP_ID as SEP,
@@ -96,10 +102,7 @@ def test_without_fair_share_the_bomb_starves_the_plain_request():
 def test_without_limits_the_bomb_samples_fifty_times_its_request():
     """Before this change (budget and fair share off): what the issue
     measured, so the limits above are what bounds it."""
-    r = run_fork_bomb(False, leaf_tokens=200,
-                      hooks={"fair_share": False, "family_token_factor": 10**6,
-                             "max_live_children_per_family": 10**6,
-                             "max_descendants": 10**6})
+    r = run_fork_bomb(False, leaf_tokens=200, hooks=dict(LIMITS_OFF))
     assert r.descendants == 16 + 16 * 16
     assert r.descendant_sampled_tokens > 50 * 1000
 

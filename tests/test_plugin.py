@@ -113,3 +113,41 @@ def test_hook_flags_round_trip(tiny_model_dir, monkeypatch, tmp_path):
     ns = serve_parser().parse_args([tiny_model_dir, *hook_flags(settings)])
     got = SpecialKwargs.from_additional_config(ns.additional_config)
     assert {k: getattr(got, k) for k in settings} == settings
+
+
+def test_limit_flags_become_the_configuration(tiny_model_dir, monkeypatch, tmp_path):
+    from vllm_seqhooks import SpecialKwargs
+    from vllm_seqhooks.metrics import ENV_DIR
+    from vllm_seqhooks.plugin import hook_flags
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    settings = {"family_token_factor": 4, "max_descendants": 30,
+                "max_live_children_per_family": 8, "max_live_children": 100,
+                "child_timeout_s": 2.5, "family_timeout_s": 60.0, "fair_share": False,
+                "memory_aware_admission": False}
+    ns = serve_parser().parse_args([tiny_model_dir, "--sync-token-id", "6",
+                                    "--promise-token-id", "4", *hook_flags(settings)])
+    got = SpecialKwargs.from_additional_config(ns.additional_config)
+    assert {k: getattr(got, k) for k in settings} == settings
+    ns = serve_parser().parse_args([tiny_model_dir, "--sync-token-id", "6",
+                                    "--promise-token-id", "4", "--fair-share", "on"])
+    assert SpecialKwargs.from_additional_config(ns.additional_config).fair_share is True
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--child-timeout", "nan"], "argument --child-timeout: expected a finite number"),
+    (["--family-timeout", "-3"], "argument --family-timeout: expected a finite number"),
+    (["--fair-share", "maybe"], "argument --fair-share: expected on or off"),
+    (["--max-live-children", "0"], "argument --max-live-children: expected an integer >= 1"),
+    (["--family-token-factor", "x"], "argument --family-token-factor: expected an integer"),
+])
+def test_bad_limit_flags_exit_with_a_clear_message(tiny_model_dir, capsys, monkeypatch,
+                                                   tmp_path, flags, message):
+    from vllm_seqhooks.metrics import ENV_DIR
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    with pytest.raises(SystemExit) as exc:
+        serve_parser().parse_args([tiny_model_dir, "--sync-token-id", "6",
+                                   "--promise-token-id", "4", *flags])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err

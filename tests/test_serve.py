@@ -258,7 +258,10 @@ def test_help_lists_the_hook_flags():
     assert r.returncode == 0, r.stderr[-2000:]
     for flag in ("--sync-token-id", "--promise-token-id", "--promise-end-token-id",
                  "--sync-token", "--child-context", "--merge-strategy",
-                 "--max-child-depth", "--max-children-per-request", "--child-max-tokens"):
+                 "--max-child-depth", "--max-children-per-request", "--child-max-tokens",
+                 "--family-token-factor", "--max-descendants",
+                 "--max-live-children-per-family", "--max-live-children", "--child-timeout",
+                 "--family-timeout", "--fair-share", "--memory-aware-admission"):
         assert flag in r.stdout
 
 

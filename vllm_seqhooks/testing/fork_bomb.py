@@ -122,3 +122,28 @@ def run_fork_bomb(
         bomb_finish_reason=h.finish_reasons.get(BOMB_ID),
         harness=h,
     )
+
+
+#: The server settings of "before": the behaviour before family limits.
+LIMITS_OFF = {"fair_share": False, "family_token_factor": 10**6,
+              "max_live_children_per_family": 10**6, "max_descendants": 10**6}
+
+
+def main() -> None:
+    """Print the fork-bomb table (steps counted; sync scheduling)::
+
+        .venv/bin/python -m vllm_seqhooks.testing.fork_bomb
+    """
+    print("| grandchild tokens | limits | plain alone | beside the bomb | × "
+          "| descendants | descendants' sampled tokens |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for leaf in (200, 800):
+        for name, hooks in (("off", LIMITS_OFF), ("on", {})):
+            r = run_fork_bomb(False, leaf_tokens=leaf, hooks=dict(hooks))
+            print(f"| {leaf} | {name} | {r.plain_alone_steps} | {r.plain_steps} "
+                  f"| {r.slowdown:.1f} | {r.descendants} | {r.descendant_sampled_tokens:,} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
