@@ -457,3 +457,28 @@ def test_concurrent_aborts_of_families(server, client, tiny_model_dir, S):
     ok = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
                                    temperature=0, extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
     assert ok.choices[0].text == EXPECTED
+
+
+def test_deadlines_over_http(client, tiny_model_dir, S):
+    """Children that would run for ~45 s on the slowed model: a 1 s child
+    timeout fails them and the parent resumes; a 1 s family timeout cuts
+    them and the request finishes with what it has (length)."""
+    slow = {**xargs(S, SCRIPT, {}), "seqhooks_child_default_script": S("x") * 900,
+            "seqhooks_child_max_tokens": 900, "seqhooks_step_delay_ms": 50}
+    r = client.completions.create(
+        model=tiny_model_dir, prompt="hello", max_tokens=60, temperature=0,
+        extra_body={"vllm_xargs": {**slow, "seqhooks_child_timeout_s": 1}})
+    trace = r.model_extra["kv_transfer_params"]["seqhooks"]
+    assert [(c["state"], c["finish_reason"]) for c in trace["children"]] == [
+        ("failed", "timeout"), ("failed", "timeout")]
+    assert trace["limits"]["timed_out_children"] == 2
+    # (no --failed-child-marker on this server: nothing is merged for them)
+    assert r.choices[0].text == "ab<promise>xy</promise><promise>zw</promise>c<sync>\ndone"
+    r = client.completions.create(
+        model=tiny_model_dir, prompt="hello", max_tokens=60, temperature=0,
+        extra_body={"vllm_xargs": {**slow, "seqhooks_family_timeout_s": 1}})
+    trace = r.model_extra["kv_transfer_params"]["seqhooks"]
+    assert trace["limits"]["exhausted_by"] == "family_deadline"
+    assert {c["finish_reason"] for c in trace["children"]} == {"length"}
+    assert r.choices[0].finish_reason == "length"
+    assert not r.choices[0].text.endswith("done")
