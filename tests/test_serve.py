@@ -79,6 +79,14 @@ CHILDREN = {"0": "AAA", "1": "BBBB"}
 EXPECTED = "ab<promise>xy</promise><promise>zw</promise>c<sync>AAA\nBBBBdone"
 
 
+def complete(client, model, vllm_xargs):
+    """The scripted completion of "hello" (60 tokens, greedy): its choice
+    and its fork/join trace."""
+    r = client.completions.create(model=model, prompt="hello", max_tokens=60,
+                                  temperature=0, extra_body={"vllm_xargs": vllm_xargs})
+    return r.choices[0], r.model_extra["kv_transfer_params"]["seqhooks"]
+
+
 def test_completion_has_merged_text_and_trace(client, tiny_model_dir, S):
     r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
                                   temperature=0,
@@ -389,23 +397,17 @@ def test_best_of_and_hook_tokens_in_the_prompt(server, client, tiny_model_dir, S
 
 def test_family_limits_over_http(client, tiny_model_dir, S):
     base = xargs(S, SCRIPT, CHILDREN)
-    one = client.completions.create(
-        model=tiny_model_dir, prompt="hello", max_tokens=60, temperature=0,
-        extra_body={"vllm_xargs": {**base, "seqhooks_max_descendants": 1}})
-    trace = one.model_extra["kv_transfer_params"]["seqhooks"]
+    one, trace = complete(client, tiny_model_dir, {**base, "seqhooks_max_descendants": 1})
     assert len(trace["children"]) == 1
     assert [p["reason"] for p in trace["ignored_promises"]] == ["max_descendants"]
-    assert one.choices[0].text == "ab<promise>xy</promise><promise>zw</promise>c<sync>AAAdone"
+    assert one.text == "ab<promise>xy</promise><promise>zw</promise>c<sync>AAAdone"
     # A family budget of 60 (own) + 3 tokens: the children are cut at 3
     # tokens together, with finish reason length, and their text is merged.
-    cut = client.completions.create(
-        model=tiny_model_dir, prompt="hello", max_tokens=60, temperature=0,
-        extra_body={"vllm_xargs": {**base, "seqhooks_max_family_tokens": 63}})
-    trace = cut.model_extra["kv_transfer_params"]["seqhooks"]
+    cut, trace = complete(client, tiny_model_dir, {**base, "seqhooks_max_family_tokens": 63})
     assert trace["limits"]["exhausted_by"] == "family_token_budget"
     assert trace["usage"]["children_sampled_tokens"] == 3
     assert {c["finish_reason"] for c in trace["children"]} == {"length"}
-    assert cut.choices[0].text.endswith("done")
+    assert cut.text.endswith("done")
 
 
 def test_concurrent_aborts_of_families(server, client, tiny_model_dir, S):
@@ -465,20 +467,14 @@ def test_deadlines_over_http(client, tiny_model_dir, S):
     them and the request finishes with what it has (length)."""
     slow = {**xargs(S, SCRIPT, {}), "seqhooks_child_default_script": S("x") * 900,
             "seqhooks_child_max_tokens": 900, "seqhooks_step_delay_ms": 50}
-    r = client.completions.create(
-        model=tiny_model_dir, prompt="hello", max_tokens=60, temperature=0,
-        extra_body={"vllm_xargs": {**slow, "seqhooks_child_timeout_s": 1}})
-    trace = r.model_extra["kv_transfer_params"]["seqhooks"]
+    timed, trace = complete(client, tiny_model_dir, {**slow, "seqhooks_child_timeout_s": 1})
     assert [(c["state"], c["finish_reason"]) for c in trace["children"]] == [
         ("failed", "timeout"), ("failed", "timeout")]
     assert trace["limits"]["timed_out_children"] == 2
     # (no --failed-child-marker on this server: nothing is merged for them)
-    assert r.choices[0].text == "ab<promise>xy</promise><promise>zw</promise>c<sync>\ndone"
-    r = client.completions.create(
-        model=tiny_model_dir, prompt="hello", max_tokens=60, temperature=0,
-        extra_body={"vllm_xargs": {**slow, "seqhooks_family_timeout_s": 1}})
-    trace = r.model_extra["kv_transfer_params"]["seqhooks"]
+    assert timed.text == "ab<promise>xy</promise><promise>zw</promise>c<sync>\ndone"
+    cut, trace = complete(client, tiny_model_dir, {**slow, "seqhooks_family_timeout_s": 1})
     assert trace["limits"]["exhausted_by"] == "family_deadline"
     assert {c["finish_reason"] for c in trace["children"]} == {"length"}
-    assert r.choices[0].finish_reason == "length"
-    assert not r.choices[0].text.endswith("done")
+    assert cut.finish_reason == "length"
+    assert not cut.text.endswith("done")
