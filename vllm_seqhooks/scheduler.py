@@ -242,7 +242,9 @@ class SeqHooksMixin(
         # slot. Parked parents do not: the worker dropped their state when
         # they parked (see _park). Counting them would keep their own
         # children out of the batch (deadlock with few slots).
-        if self._families and self.waiting and self.hooks.memory_aware_admission:
+        if (self.waiting and self.hooks.memory_aware_admission
+                and (self._children or self._join_footprint.joins_seen)):
+            # (No child and no join yet: nothing to reserve for.)
             self._held_this_step.update(self._family_admission_holds())
         if self._children and self.hooks.fair_share and self.waiting:
             self._held_this_step.update(self._fair_share_holds())
