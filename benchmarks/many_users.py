@@ -24,11 +24,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.serve_load import percentiles
 from vllm_seqhooks.testing.server import (
     SCRIPTED,
     TINY_FLAGS,
@@ -96,17 +96,6 @@ async def plain_traffic(session, url: str, model: str, clients: int,
 
     await asyncio.gather(*(client() for _ in range(clients)))
     return {"n": len(latencies), "errors": errors[:3], **percentiles(latencies)}
-
-
-def percentiles(values: list[float]) -> dict:
-    if not values:
-        return {"p50_s": float("nan"), "p99_s": float("nan"), "mean_s": float("nan")}
-    v = sorted(values)
-
-    def pct(p):
-        return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
-
-    return {"p50_s": pct(50), "p99_s": pct(99), "mean_s": statistics.fmean(v)}
 
 
 async def measure(url: str, model: str, S, *, clients: int, per_client: int,

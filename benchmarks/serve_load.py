@@ -89,18 +89,25 @@ async def run_load(url: str, model: str, S, *, requests: int, concurrency: int,
         await asyncio.wait_for(asyncio.gather(*(task(i) for i in range(requests))),
                                timeout=timeout_s)
         wall = time.perf_counter() - t0
-    lat = sorted(r[1] for r in results if r[0])
+    lat = [r[1] for r in results if r[0]]
     errors = [r[2] for r in results if not r[0]]
-
-    def pct(p):
-        return lat[min(len(lat) - 1, int(round(p / 100 * (len(lat) - 1))))] if lat else float("nan")
-
     return {
         "requests": requests, "concurrency": concurrency, "ok": len(lat),
         "errors": len(errors), "first_errors": errors[:3], "wall_s": wall,
-        "requests_per_s": requests / wall, "p50_s": pct(50), "p99_s": pct(99),
-        "mean_s": statistics.fmean(lat) if lat else float("nan"),
+        "requests_per_s": requests / wall, **percentiles(lat),
     }
+
+
+def percentiles(latencies: list[float]) -> dict:
+    """p50, p99 (nearest rank) and mean of latencies in seconds."""
+    if not latencies:
+        return {"p50_s": float("nan"), "p99_s": float("nan"), "mean_s": float("nan")}
+    v = sorted(latencies)
+
+    def pct(p):
+        return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+
+    return {"p50_s": pct(50), "p99_s": pct(99), "mean_s": statistics.fmean(v)}
 
 
 def wait_drained(url: str, timeout: float = 30) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 RUNNING = "running"
 FINISHED = "finished"
@@ -144,6 +144,18 @@ class DependencyManager:
             rid = stack.pop()
             out.append(rid)
             stack.extend(reversed(self.children_of(rid)))
+        return out
+
+    def with_subtrees(self, request_ids: Iterable[str]) -> list[str]:
+        """``request_ids`` and all their descendants, each once, every
+        request before its own descendants (what an abort takes down)."""
+        out: list[str] = []
+        seen: set[str] = set()
+        for rid in request_ids:
+            for r in (rid, *self.subtree(rid)):
+                if r not in seen:
+                    seen.add(r)
+                    out.append(r)
         return out
 
     def live_descendants(self, request_id: str) -> list[str]:

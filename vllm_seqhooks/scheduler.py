@@ -199,14 +199,7 @@ class SeqHooksMixin(
             request_ids = (request_ids,)
         ids = list(request_ids)
         # Aborting a request aborts its whole subtree.
-        expanded: list[str] = []
-        seen: set[str] = set()
-        for rid in ids:
-            for r in (rid, *self.deps.subtree(rid)):
-                if r not in seen:
-                    seen.add(r)
-                    expanded.append(r)
-        finished = super().finish_requests(expanded, finished_status)
+        finished = super().finish_requests(self.deps.with_subtrees(ids), finished_status)
         for req in finished:
             rid = req.request_id
             if rid in self._children:
@@ -278,8 +271,7 @@ class SeqHooksMixin(
 
     def _drop_tree(self, rid: str) -> None:
         for n in self.deps.pop_tree(rid):
-            self._forget(n.request_id)
-        self._drop_family(rid)
+            self._forget(n.request_id)  # the root's: its family too
 
     def _drop_family(self, rid: str):
         family = self._families.pop(rid, None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
-from vllm.v1.request import Request, RequestStatus  # noqa: F401
+from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.fair_share import Entry, plan
 

@@ -143,16 +143,7 @@ class LimitsMixin:
                       state: str, reason: str) -> None:
         """Finish live children (and their subtrees) from inside the
         scheduler: they end with ``state``; a parent parked on them joins."""
-        ids: list[str] = []
-        seen: set[str] = set()
-        for rid in child_ids:
-            for r in (rid, *self.deps.subtree(rid)):
-                if r not in seen and r in self._children:
-                    seen.add(r)
-                    ids.append(r)
-        if not ids:
-            return
-        finished = super().finish_requests(ids, status)
+        finished = super().finish_requests(self.deps.with_subtrees(child_ids), status)
         for req in finished:
             if req.request_id in self._children:
                 self._child_ended(req, state, reason)

@@ -9,6 +9,7 @@ import logging
 
 from vllm.v1.request import RequestStatus
 
+from vllm_seqhooks.kv_admission import blocks_for
 from vllm_seqhooks.sched.state import HookState
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
@@ -104,7 +105,7 @@ class SpillMixin:
         if head is None:
             return False
         block_size = self.block_size
-        need = -(-(head.num_tokens - head.num_computed_tokens + 1) // block_size)
+        need = blocks_for(head.num_tokens - head.num_computed_tokens + 1, block_size)
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         return free < need + 1
 
