@@ -10,8 +10,8 @@ from vllm_seqhooks.config import (
     SpecialKwargs,
     SpecialKwargsError,
     coerce_special_kwargs,
-    parse_request_overrides,
 )
+from vllm_seqhooks.request_keys import parse_request_overrides
 
 
 class FakeTokenizer:

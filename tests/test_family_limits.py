@@ -9,8 +9,8 @@ import pytest
 from vllm_seqhooks.config import (
     SpecialKwargs,
     SpecialKwargsError,
-    parse_request_overrides,
 )
+from vllm_seqhooks.request_keys import parse_request_overrides
 from vllm_seqhooks.dependencies import HookNode, JoinRecord, family_usage
 from vllm_seqhooks.fair_share import Entry, plan
 from vllm_seqhooks.kv_admission import JoinFootprint, admit_families

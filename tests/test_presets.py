@@ -39,7 +39,7 @@ def test_auto_reads_the_model_directory(tmp_path):
 
 
 @pytest.mark.parametrize("spec,content,match", [
-    ("threadweaver", None, "unknown hook format 'threadweaver'; known: promise, auto"),
+    ("quokka", None, "unknown hook format 'quokka'; known: promise, threadweaver, multiverse, npr, parallel-r1, auto"),
     ("auto", None, "seqhooks.json"),
     ("auto", "[1, 2]", "must hold a JSON object"),
     ("auto", "{not json", "not valid JSON"),

@@ -42,7 +42,7 @@ def test_check_request_names_the_field():
 
 
 def test_unknown_request_keys_are_refused_naming_the_known_ones():
-    from vllm_seqhooks.config import REQUEST_OVERRIDE_KEYS
+    from vllm_seqhooks.request_keys import REQUEST_OVERRIDE_KEYS
     from vllm_seqhooks.validation import check_request
 
     with pytest.raises(ValueError) as exc:

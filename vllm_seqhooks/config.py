@@ -13,7 +13,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 #: Key under which the configuration travels in vLLM's ``additional_config``.
 ADDITIONAL_CONFIG_KEY = "seqhooks"
@@ -112,6 +112,17 @@ class SpecialKwargs:
     family_timeout_s: float | None = None
     fair_share: bool = True
     memory_aware_admission: bool = True
+    # A format written in text tags (vllm_seqhooks.formats.TagFormat): set
+    # fork_tag instead of the promise / sync tokens.
+    fork_tag: str | None = None
+    outline_tag: str | None = None
+    fork_count: int | None = None
+    child_header: str = ""
+    header_lead: str = ""
+    child_end_tag: str | None = None
+    child_eos_text: str | None = None
+    merge_suffix: str = ""
+    fork_min_tokens: int | None = None
     # Filled in by resolve(); part of the JSON form so that the engine does not
     # need to tokenize again.
     merge_separator_token_ids: tuple[int, ...] | None = field(default=None)
@@ -120,13 +131,15 @@ class SpecialKwargs:
     child_prompt_suffix_token_ids: tuple[int, ...] | None = field(default=None)
 
     def __post_init__(self) -> None:
+        if self.fork_tag is not None:
+            self._check_tag_format()
         for name in ("sync", "promise"):
             tid = getattr(self, f"{name}_token_id")
             tok = getattr(self, f"{name}_token")
-            if tid is None and tok is None:
+            if tid is None and tok is None and self.fork_tag is None:
                 raise SpecialKwargsError(
                     f"{name}_token_id is required (or give {name}_token as a "
-                    f"token string)"
+                    f"token string, or a fork_tag for a tag format)"
                 )
         for name in ("sync_token_id", "promise_token_id", "promise_end_token_id"):
             _check_token_id(name, getattr(self, name), optional=True)
@@ -216,6 +229,35 @@ class SpecialKwargs:
             if value is not None:
                 object.__setattr__(self, name, tuple(value))
 
+    def _check_tag_format(self) -> None:
+        for name in ("sync", "promise", "promise_end"):
+            if getattr(self, f"{name}_token") is not None or getattr(
+                    self, f"{name}_token_id") is not None:
+                raise SpecialKwargsError(
+                    f"fork_tag (a tag format, joined when the children end) and "
+                    f"{name}_token cannot be combined; use one or the other")
+        from vllm_seqhooks.formats import TagFormatError
+
+        try:
+            self.tag_format
+        except TagFormatError as exc:
+            raise SpecialKwargsError(str(exc)) from None
+
+    @property
+    def tag_format(self):
+        """The :class:`~vllm_seqhooks.formats.TagFormat` (None: the
+        promise / sync protocol)."""
+        if self.fork_tag is None:
+            return None
+        from vllm_seqhooks.formats import TagFormat
+
+        return TagFormat(
+            fork_tag=self.fork_tag, outline_tag=self.outline_tag, fork_count=self.fork_count,
+            child_header=self.child_header, header_lead=self.header_lead,
+            child_end_tag=self.child_end_tag,
+            child_eos_text=self.child_eos_text, merge_suffix=self.merge_suffix,
+            fork_min_tokens=self.fork_min_tokens)
+
     # ------------------------------------------------------------------ ids
     @property
     def hook_token_ids(self) -> frozenset[int]:
@@ -230,8 +272,8 @@ class SpecialKwargs:
     def is_resolved(self) -> bool:
         """True when every id the engine needs is known."""
         return (
-            self.sync_token_id is not None
-            and self.promise_token_id is not None
+            (self.fork_tag is not None or (
+                self.sync_token_id is not None and self.promise_token_id is not None))
             and (self.promise_end_token is None or self.promise_end_token_id is not None)
             and self.merge_separator_token_ids is not None
             and (
@@ -273,6 +315,8 @@ class SpecialKwargs:
             prefix, suffix = self.child_prompt_template.split(PAYLOAD_PLACEHOLDER)
             updates["child_prompt_prefix_token_ids"] = tuple(_encode(tokenizer, prefix))
             updates["child_prompt_suffix_token_ids"] = tuple(_encode(tokenizer, suffix))
+        if self.fork_tag is not None:
+            check_expressible(tokenizer, self.tag_format.texts)
         resolved_kwargs = dataclasses.replace(self, **updates)
         limit = _vocab_limit(tokenizer, vocab_size)
         if limit is not None:
@@ -376,6 +420,18 @@ def token_string_to_id(tokenizer: Any, token: str, field_name: str) -> int:
     return int(ids[0])
 
 
+def check_expressible(tokenizer: Any, texts: Mapping[str, str]) -> None:
+    """Raise when the tokenizer cannot write one of ``texts`` (its tokens
+    decode to other text, e.g. through an unknown-token id)."""
+    for name, text in texts.items():
+        ids = _encode(tokenizer, text)
+        back = tokenizer.decode(ids, skip_special_tokens=False)
+        if back != text:
+            raise SpecialKwargsError(
+                f"{name} {text!r} cannot be written with this model's tokenizer "
+                f"(it encodes to {ids}, which decode to {back!r})")
+
+
 def _vocab_limit(tokenizer: Any, vocab_size: int | None) -> int | None:
     sizes: list[int] = []
     if vocab_size is not None:
@@ -385,89 +441,3 @@ def _vocab_limit(tokenizer: Any, vocab_size: int | None) -> int | None:
     except TypeError:
         pass
     return min(sizes) if sizes else None
-
-
-def merged_tokens(
-    outputs: Sequence[Sequence[int]], separator: Sequence[int]
-) -> list[int]:
-    """Children's outputs in promise order joined by ``separator``."""
-    out: list[int] = []
-    for i, toks in enumerate(outputs):
-        if i:
-            out.extend(separator)
-        out.extend(toks)
-    return out
-
-
-# ---------------------------------------------------------------- per request
-#: Per-request settings, read from ``SamplingParams.extra_args`` (over HTTP:
-#: the ``vllm_xargs`` field, whose values must be flat). Key -> minimum value
-#: of an integer, or the kind: None for booleans, "text", "seconds".
-REQUEST_OVERRIDE_KEYS: dict[str, int | str | None] = {
-    "seqhooks_enabled": None,
-    "seqhooks_merge_separator": "text",
-    "seqhooks_child_max_tokens": 1,
-    "seqhooks_max_child_depth": 0,
-    "seqhooks_max_children_per_request": 0,
-    "seqhooks_max_family_tokens": 1,
-    "seqhooks_max_descendants": 0,
-    "seqhooks_child_timeout_s": "seconds",
-    "seqhooks_family_timeout_s": "seconds",
-}
-
-
-#: Prefix of every per-request key of this package.
-REQUEST_KEY_PREFIX = "seqhooks_"
-#: ``seqhooks_*`` keys other code in this process reads (a test tool's):
-#: accepted in requests, not validated here.
-_REGISTERED_REQUEST_KEYS: set[str] = set()
-
-
-def register_request_keys(*keys: str) -> None:
-    """Declare ``seqhooks_*`` request keys that other code reads (e.g. the
-    scripted-token test processor), so that requests carrying them are not
-    refused as typos."""
-    _REGISTERED_REQUEST_KEYS.update(keys)
-
-
-def unknown_request_keys(
-    extra_args: Mapping[str, Any] | None, also_known: frozenset[str] = frozenset()
-) -> list[str]:
-    """``seqhooks_*`` keys of ``extra_args`` that nothing reads (typos):
-    neither a per-request setting, nor registered, nor in ``also_known``."""
-    if not extra_args:
-        return []
-    return sorted(
-        k for k in extra_args
-        if isinstance(k, str) and k.startswith(REQUEST_KEY_PREFIX)
-        and k not in REQUEST_OVERRIDE_KEYS and k not in _REGISTERED_REQUEST_KEYS
-        and k not in also_known
-    )
-
-
-def parse_request_overrides(extra_args: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Validated per-request settings from ``extra_args`` (keys without the
-    ``seqhooks_`` prefix). Raises :class:`SpecialKwargsError` naming the key."""
-    if not extra_args:
-        return {}
-    out: dict[str, Any] = {}
-    for key, minimum in REQUEST_OVERRIDE_KEYS.items():
-        if key not in extra_args:
-            continue
-        value = extra_args[key]
-        if minimum == "text":
-            if not isinstance(value, str):
-                raise SpecialKwargsError(f"{key} must be a string, got {value!r}")
-        elif minimum == "seconds":
-            value = check_seconds(key, value)
-        elif minimum is None:
-            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
-                value = value.lower() in ("true", "1")
-            elif isinstance(value, int) and value in (0, 1):
-                value = bool(value)
-            if not isinstance(value, bool):
-                raise SpecialKwargsError(f"{key} must be true or false, got {value!r}")
-        else:
-            _check_int(key, value, minimum=minimum)
-        out[key[len("seqhooks_"):]] = value
-    return out

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
+from vllm_seqhooks.formats import merged_layout
+
 RUNNING = "running"
 FINISHED = "finished"
 FAILED = "failed"
@@ -58,6 +60,10 @@ class HookNode:
     #: "" for a root, "0", "1", ... for its children, "0.1" for a grandchild.
     key: str = ""
     payload: list[int] = field(default_factory=list)
+    #: Tag formats: the tokens its prompt ends with after the parent's
+    #: context (lead and header), and its header alone, for the merge.
+    start_tokens: tuple[int, ...] = ()
+    header_tokens: tuple[int, ...] = ()
     state: str = RUNNING
     spawn_time: float | None = None
     finish_time: float | None = None
@@ -114,6 +120,8 @@ class DependencyManager:
         child_id: str,
         payload: Sequence[int],
         prompt_tokens: int,
+        start_tokens: Sequence[int] = (),
+        header_tokens: Sequence[int] = (),
     ) -> HookNode:
         parent = self.ensure_root(parent_id)
         index = len(parent.children)
@@ -126,6 +134,8 @@ class DependencyManager:
             payload=list(payload),
             spawn_time=self._clock(),
             prompt_tokens=prompt_tokens,
+            start_tokens=tuple(start_tokens),
+            header_tokens=tuple(header_tokens),
         )
         self.nodes[child_id] = child
         parent.children.append(child_id)
@@ -204,26 +214,21 @@ class DependencyManager:
         request_id: str,
         separator: Sequence[int],
         failed_marker: Sequence[int] | None = None,
+        suffix: Sequence[int] = (),
     ) -> tuple[list[int], list[str]]:
-        """Merge the open (all ended) children of ``request_id``: their output
-        tokens in promise order, joined by ``separator``. A failed or aborted
-        child contributes ``failed_marker`` (or nothing)."""
+        """Merge the open (all ended) children of ``request_id`` in spawn
+        order (:func:`~vllm_seqhooks.formats.merged_layout`: headers, outputs,
+        ``separator``, ``suffix``). A failed or aborted child's output is
+        ``failed_marker`` (or nothing)."""
         node = self.nodes[request_id]
-        merged: list[int] = []
-        parts: list[list[int]] = []
-        for cid in node.open_children:
-            child = self.nodes[cid]
-            if child.state == FINISHED:
-                parts.append(child.output_tokens or [])
-            elif failed_marker:
-                parts.append(list(failed_marker))
-            else:
-                parts.append([])
-        for i, part in enumerate(parts):
-            if i:
-                merged.extend(separator)
-            merged.extend(part)
         children = list(node.open_children)
+        nodes = [self.nodes[c] for c in children]
+        outputs = [
+            (c.output_tokens or []) if c.state == FINISHED else list(failed_marker or ())
+            for c in nodes
+        ]
+        merged = merged_layout([c.start_tokens for c in nodes],
+                               [c.header_tokens for c in nodes], outputs, separator, suffix)
         now = self._clock()
         for cid in children:
             self.nodes[cid].state = MERGED if self.nodes[cid].state == FINISHED else self.nodes[cid].state

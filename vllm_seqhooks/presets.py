@@ -4,7 +4,8 @@
 
 * a preset name: ``"promise"`` (the seeds' protocol: ``<promise>`` payload
   ``</promise>`` ... ``<sync>``, token strings resolved through the model's
-  tokenizer);
+  tokenizer), or a published model family's tag format: ``"threadweaver"``,
+  ``"multiverse"``, ``"npr"``, ``"parallel-r1"`` (docs/formats/);
 * ``"auto"``: the settings stored in the model directory, ``seqhooks.json``
   beside ``config.json``;
 * a dict, which may name a preset under ``"format"`` and override any of its
@@ -33,6 +34,49 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sync_token": "<sync>",
         "promise_token": "<promise>",
         "promise_end_token": "</promise>",
+    },
+    # docs/formats/<name>.md: where each comes from, what is exact.
+    "threadweaver": {
+        "fork_tag": "</Outlines>",
+        "outline_tag": "<Outline>",
+        "header_lead": "\n",
+        "child_header": "<Thread>\n{n}:",
+        "child_end_tag": "</Thread>",
+        "child_eos_text": "\n</Thread>",
+        "merge_separator": "",
+        "merge_suffix": "\n<Conclusion>\n",
+    },
+    "multiverse": {
+        "fork_tag": "</Goal>",
+        "outline_tag": "<Outline>",
+        "header_lead": "\n",
+        "child_header": "<Path>\n{n}:",
+        "child_end_tag": "</Path>",
+        "child_eos_text": "",
+        "merge_separator": "\n",
+        "merge_suffix": "\n<Conclusion>\n",
+        "max_child_depth": 5,
+        "fork_min_tokens": 30,
+    },
+    "npr": {
+        "fork_tag": "</guideline>",
+        "outline_tag": "<plan>",
+        "header_lead": "\n",
+        "child_header": "<step>\n{n}:",
+        "child_end_tag": "</step>",
+        "child_eos_text": "",
+        "merge_separator": "\n",
+        "merge_suffix": "\n<takeaway>\n",
+        "max_child_depth": 5,
+        "fork_min_tokens": 1024,
+    },
+    "parallel-r1": {
+        "fork_tag": "<Parallel>",
+        "fork_count": 2,
+        "child_header": "<Path>",
+        "child_end_tag": "</Path>",
+        "merge_separator": "",
+        "merge_suffix": "</Parallel>\n<Summary>",
     },
 }
 

@@ -117,6 +117,10 @@ class SeqHooksMixin(
             hooks = _resolve_in_engine(hooks, vllm_config)
         hooks.check_vocab(vllm_config.model_config.get_vocab_size())
         self.hooks = hooks
+        self._tokenizer = None
+        self._codec = None
+        if hooks.tag_format is not None:
+            self._text_codec()  # fails at start-up, not at the first request
         #: Reorder each scheduler output by family: the V2 runner batches
         #: requests in the output's order (the V1 runner keeps a persistent
         #: batch, grouped in the worker; see vllm_seqhooks.worker).
@@ -156,7 +160,6 @@ class SeqHooksMixin(
         #: memory-aware admission of families).
         self._held_this_step: set[str] = set()
         self._join_footprint = JoinFootprint()
-        self._tokenizer = None
         self._token_cache: dict[str, tuple[int, ...]] = {}
         model_name = vllm_config.model_config.served_model_name
         if isinstance(model_name, (list, tuple)):

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from vllm_seqhooks.config import (
-    ADDITIONAL_CONFIG_KEY,
+from vllm_seqhooks.config import ADDITIONAL_CONFIG_KEY
+from vllm_seqhooks.request_keys import (
     REQUEST_OVERRIDE_KEYS,
     parse_request_overrides,
     unknown_request_keys,

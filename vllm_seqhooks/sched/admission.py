@@ -7,8 +7,11 @@ import logging
 
 from vllm.v1.request import Request
 
-from vllm_seqhooks.config import SpecialKwargsError, parse_request_overrides
+from vllm_seqhooks.config import SpecialKwargsError
+from vllm_seqhooks.formats import TagFormatScanner, TextCodec
+from vllm_seqhooks.request_keys import parse_request_overrides
 from vllm_seqhooks.sched.state import HookState
+from vllm_seqhooks.token_bytes import token_bytes_table
 from vllm_seqhooks.tokens import SpecialTokenProcessor
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
@@ -46,8 +49,14 @@ class AdmissionMixin:
             self.hooks.max_children_per_request,
             per_request.get("max_children_per_request", self.hooks.max_children_per_request),
         )
+        may_spawn = depth < max_depth and max_children > 0
         scanner = None
-        if depth < max_depth and max_children > 0:
+        fmt = self.hooks.tag_format
+        if fmt is not None:
+            if may_spawn or (depth > 0 and fmt.child_end_tag):
+                scanner = TagFormatScanner(fmt, self._text_codec(), may_fork=may_spawn,
+                                           ends_at_tag=depth > 0, max_children=max_children)
+        elif may_spawn:
             scanner = SpecialTokenProcessor(
                 self.hooks.sync_token_id,
                 self.hooks.promise_token_id,
@@ -55,7 +64,7 @@ class AdmissionMixin:
                 max_promises=max_children,
             )
         family = None
-        if scanner is not None and depth == 0:
+        if may_spawn and depth == 0:
             family = self._new_family(request, per_request)
             if family.deadline is not None:
                 self._timed_families.add(family)
@@ -78,15 +87,34 @@ class AdmissionMixin:
             return default
         ids = self._token_cache.get(text)
         if ids is None:
-            if self._tokenizer is None and not self.vllm_config.model_config.skip_tokenizer_init:
-                from vllm.tokenizers import cached_tokenizer_from_config
-
-                self._tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
-            if self._tokenizer is None:
+            tokenizer = self._engine_tokenizer()
+            if tokenizer is None:
                 logger.warning("seqhooks_merge_separator needs a tokenizer "
                                "(skip_tokenizer_init is set); using the server's")
                 return default
-            ids = tuple(self._tokenizer.encode(text, add_special_tokens=False))
+            ids = tuple(tokenizer.encode(text, add_special_tokens=False))
             if len(self._token_cache) < 1024:
                 self._token_cache[text] = ids
         return ids
+
+    def _engine_tokenizer(self):
+        """The model's tokenizer, loaded in EngineCore on first use (None
+        with ``skip_tokenizer_init``)."""
+        if self._tokenizer is None and not self.vllm_config.model_config.skip_tokenizer_init:
+            from vllm.tokenizers import cached_tokenizer_from_config
+
+            self._tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
+        return self._tokenizer
+
+    def _text_codec(self) -> TextCodec:
+        """Token bytes and text encoding for a tag format (built once)."""
+        if self._codec is None:
+            tokenizer = self._engine_tokenizer()
+            if tokenizer is None:
+                raise ValueError("a tag format (fork_tag) needs the model's tokenizer; "
+                                 "skip_tokenizer_init cannot be set")
+            size = max(len(tokenizer), self.vllm_config.model_config.get_vocab_size())
+            self._codec = TextCodec(
+                token_bytes_table(tokenizer, size),
+                lambda text: tokenizer.encode(text, add_special_tokens=False))
+        return self._codec

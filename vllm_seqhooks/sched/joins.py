@@ -133,6 +133,11 @@ class JoinMixin:
             idx = stop_pos - st.orig_prompt_len
             if 0 <= idx < len(tokens):
                 del tokens[idx]
+        fmt = self.hooks.tag_format
+        if fmt is not None and fmt.child_end_tag and not st.ended_by_tag and fmt.eos_text:
+            # A tag format's child that ended otherwise (EOS, length) closes
+            # its part with the end tag.
+            tokens.extend(self._text_codec().encode(fmt.eos_text))
         return tokens
 
     def _join(self, rid: str) -> None:
@@ -144,8 +149,9 @@ class JoinMixin:
         node = self.deps.get(rid)
         if node is not None and node.blocked_since is not None:
             self.metrics.observe_park(time.time() - node.blocked_since)
+        suffix = self._text_codec().encode(hooks.merge_suffix) if hooks.merge_suffix else ()
         merged, _children = self.deps.take_merge(
-            rid, st.separator, hooks.failed_child_marker_token_ids,
+            rid, st.separator, hooks.failed_child_marker_token_ids, suffix,
         )
         self._observe_join(_children, len(merged))
         if hooks.merge_strategy == "none":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from vllm.v1.request import Request, RequestStatus
 
+from vllm_seqhooks.formats import EndTagReached, ForkReached
 from vllm_seqhooks.sched.speculative import count_as_rejected
 from vllm_seqhooks.sched.state import HookState
 from vllm_seqhooks.tokens import PayloadClosed, PromiseIgnored, SyncReached
@@ -66,10 +67,20 @@ class SamplingMixin:
                 self._spawn(st, ev)
             elif isinstance(ev, PromiseIgnored):
                 self._ignore_promise(st, ev.pos, ev.reason)
-            elif isinstance(ev, SyncReached) and self.deps.has_open_children(
+            elif isinstance(ev, ForkReached):
+                self._fork(st, ev)
+            elif isinstance(ev, EndTagReached) and not stopped:
+                # A child's end tag (_trim_after_sync made it the step's last
+                # token): it finishes here, the tag kept in its output.
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = self.hooks.child_end_tag
+                st.ended_by_tag = stopped = True
+                break
+            if isinstance(ev, (SyncReached, ForkReached)) and self.deps.has_open_children(
                 request.request_id
             ):
-                # _trim_after_sync made this <sync> the step's last token.
+                # _trim_after_sync made this <sync> or fork tag the step's
+                # last token; a fork joins when its children end.
                 self._park(st, stopped_by_finish=stopped)
                 return new_token_ids, True
         if stopped:

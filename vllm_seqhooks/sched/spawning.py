@@ -1,5 +1,6 @@
-"""A closed payload becomes a child ``Request``: its prompt, budget and
-sampling parameters, queued ahead of requests that have not started."""
+"""A closed payload (or a tag format's fork: one per label) becomes a child
+``Request``: its prompt, budget and sampling parameters, queued ahead of
+requests that have not started."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import deque
 from vllm.v1.request import Request
 
 from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG, derive_seed
+from vllm_seqhooks.formats import ForkReached
 from vllm_seqhooks.sched.state import HookState
 from vllm_seqhooks.tokens import PayloadClosed
 
@@ -46,13 +48,12 @@ class SpawningMixin:
         return None
 
     def _spawn(self, st: HookState, ev: PayloadClosed) -> None:
-        parent = st.request
         hooks = self.hooks
         refusal = self._spawn_refusal(st, ev)
         if refusal is not None:
             self._ignore_promise(st, ev.start - 1, refusal)
             return
-        tokens = parent.all_token_ids
+        tokens = st.request.all_token_ids
         payload = list(tokens[ev.start : ev.end])
         if hooks.child_context == "fork":
             prompt = list(tokens[: ev.context_end])
@@ -62,12 +63,42 @@ class SpawningMixin:
                 *payload,
                 *(hooks.child_prompt_suffix_token_ids or ()),
             ]
+        self._add_child(st, prompt, payload, ev.end)
+
+    def _fork_refusal(self, st: HookState, ev: ForkReached) -> str | None:
+        """Why a fork tag spawns no (more) children (None: it does)."""
+        min_tokens = self.hooks.fork_min_tokens
+        if min_tokens is not None and st.orig_max_tokens - st.sampled < min_tokens:
+            return "fork_min_tokens"
+        return self._limit_refusal(st)
+
+    def _fork(self, st: HookState, ev: ForkReached) -> None:
+        """A tag format's fork: one child per label, each starting from the
+        parent's context through the fork tag, then its lead and header."""
+        fmt = self.hooks.tag_format
+        codec = self._text_codec()
+        context = list(st.request.all_token_ids[: ev.pos + 1])
+        for label in ev.labels:
+            start = codec.encode(fmt.child_start(label))
+            refusal = self._fork_refusal(st, ev)
+            if refusal is None and len(context) + len(start) >= self.max_model_len:
+                refusal = "max_model_len"
+            if refusal is not None:
+                self._ignore_promise(st, ev.pos, refusal)
+                continue
+            self._add_child(st, context + list(start), list(start), ev.pos, start,
+                            codec.encode(fmt.header(label)))
+
+    def _add_child(self, st: HookState, prompt: list[int], payload: list[int], closed_at: int,
+                   start_tokens=(), header_tokens=()) -> None:
+        """Queue a child with ``prompt``; its budget is what the parent had
+        left when it sampled the token at ``closed_at``."""
+        parent = st.request
         room = self.max_model_len - len(prompt)
         budget = st.child_max_tokens
         if budget is None:
-            # The parent's budget left when it sampled the closing token
-            # (with speculative decoding, tokens after it may be in this step).
-            sampled_after = max(0, parent.num_tokens - 1 - ev.end)
+            # (With speculative decoding, tokens after it may be in this step.)
+            sampled_after = max(0, parent.num_tokens - 1 - closed_at)
             budget = max(1, st.orig_max_tokens - (st.sampled - sampled_after))
         budget = min(int(budget), room)
         if st.family is not None:
@@ -76,7 +107,8 @@ class SpawningMixin:
         child_id = self.deps.new_child_id(parent.request_id)
         while child_id in self.requests:  # a client request already has that id
             child_id += "~"
-        child_node = self.deps.add_child(parent.request_id, child_id, payload, len(prompt))
+        child_node = self.deps.add_child(parent.request_id, child_id, payload, len(prompt),
+                                         start_tokens, header_tokens)
         sp = parent.sampling_params.clone()
         sp.n = 1
         sp.max_tokens = budget

@@ -6,6 +6,7 @@ import logging
 
 from vllm.v1.request import Request
 
+from vllm_seqhooks.formats import EndTagReached, ForkReached
 from vllm_seqhooks.sched.state import HookState
 from vllm_seqhooks.tokens import PayloadClosed, SyncReached
 
@@ -23,7 +24,8 @@ def count_as_rejected(request: Request, num_tokens: int) -> None:
 
 
 class SpeculativeMixin:
-    """Cuts a step's tokens at a ``<sync>`` that parks the request."""
+    """Cuts a step's tokens at a ``<sync>`` or fork tag that parks the
+    request, or at the end tag that ends a child."""
 
     def _trim_after_sync(self, st: HookState, new_token_ids: list[int], is_stale: bool) -> None:
         """Several tokens in one step (speculative decoding): drop those after
@@ -57,6 +59,10 @@ class SpeculativeMixin:
             if isinstance(ev, PayloadClosed):
                 has_children = has_children or self._spawn_refusal(st, ev) is None
             elif isinstance(ev, SyncReached) and has_children:
+                return ev.pos - start
+            elif isinstance(ev, ForkReached) and self._fork_refusal(st, ev) is None:
+                return ev.pos - start
+            elif isinstance(ev, EndTagReached):
                 return ev.pos - start
         return None
 

@@ -8,6 +8,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.dependencies import JoinRecord
 from vllm_seqhooks.family import FamilyLedger
+from vllm_seqhooks.formats import TagFormatScanner
 from vllm_seqhooks.tokens import SpecialTokenProcessor
 
 
@@ -16,7 +17,7 @@ class HookState:
     """What the scheduler keeps for one request with hooks."""
 
     request: Request
-    scanner: SpecialTokenProcessor | None
+    scanner: SpecialTokenProcessor | TagFormatScanner | None
     orig_prompt_len: int
     orig_max_tokens: int
     orig_min_tokens: int
@@ -38,3 +39,5 @@ class HookState:
     #: The limits of the family this request belongs to (None: no limits,
     #: the request cannot spawn).
     family: FamilyLedger | None = None
+    #: A child of a tag format that stopped at its end tag.
+    ended_by_tag: bool = False

@@ -61,6 +61,13 @@ def tiny_model_dir() -> str:
         }
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(cfg, f)
+        # The tiny model's character tokenizer, for tag formats (the
+        # scheduler reads tags through it).
+        from vllm_seqhooks.testing import tiny_model
+
+        tiny_model.build_tokenizer().save(os.path.join(d, "tokenizer.json"))
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump(tiny_model._tokenizer_config(), f)
         _MODEL_DIR = d
     return _MODEL_DIR
 
@@ -109,7 +116,9 @@ def make_vllm_config(
         max_num_batched_tokens = max(max_model_len, 256)
     model_config = ModelConfig(
         model=tiny_model_dir(),
-        skip_tokenizer_init=True,
+        # Tag formats read text through the tokenizer; nothing else needs it.
+        skip_tokenizer_init=not (isinstance(hooks, SpecialKwargs)
+                                 and hooks.tag_format is not None),
         max_model_len=max_model_len,
         dtype="float32",
         seed=0,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.logger import init_logger
 
-from vllm_seqhooks.config import register_request_keys
+from vllm_seqhooks.request_keys import register_request_keys
 from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
 
 if TYPE_CHECKING:
