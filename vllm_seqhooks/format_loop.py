@@ -29,7 +29,13 @@ from typing import Any, Mapping, Sequence
 from vllm_seqhooks.client_loop import LoopChild, LoopResult
 from vllm_seqhooks.config import SpecialKwargs, coerce_special_kwargs
 from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG, derive_seed
-from vllm_seqhooks.formats import ForkReached, TagFormatScanner, TextCodec, merged_layout
+from vllm_seqhooks.formats import (
+    ForkReached,
+    TagFormatScanner,
+    TextCodec,
+    child_prompt,
+    merged_layout,
+)
 from vllm_seqhooks.token_bytes import token_bytes_table
 
 
@@ -148,8 +154,9 @@ class FormatLoop:
         todo: list[tuple[_Parent, LoopChild]] = []
         for p in forked:
             for label in p.fork.labels:
-                start = list(self.codec.encode(self.fmt.child_start(label)))
-                prompt = p.context + start
+                prompt, start = child_prompt(self.codec, p.context, p.fork.tag_start,
+                                             self.fmt.child_start(label))
+                start = list(start)
                 if len(prompt) >= self.max_model_len:
                     continue
                 key = str(len(p.result.children))

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from vllm_seqhooks.tag_scan import TagScanner
+from vllm_seqhooks.tag_scan import TagHit, TagScanner
 from vllm_seqhooks.tokens import PromiseIgnored
 
 #: Replaced by a child's label in ``child_header``.
@@ -142,6 +142,8 @@ class ForkReached:
     #: with it, and the parent parks there).
     pos: int
     labels: tuple[str, ...]
+    #: The token holding the fork tag's first byte.
+    tag_start: int = -1
 
     @property
     def end(self) -> int:
@@ -197,7 +199,7 @@ class TagFormatScanner:
         hits = self.tags.feed(tokens, start_pos)
         if self.since_fork is None:
             for hit in hits:
-                events.extend(self._on_hit(hit.tag, hit.pos, b""))
+                events.extend(self._on_hit(hit, b""))
             return events
         # Outline items are read from the bytes up to each fork.
         done = 0
@@ -205,7 +207,7 @@ class TagFormatScanner:
             upto = hit.pos - start_pos + 1
             self.since_fork += b"".join(self.tags.bytes_of(t) for t in tokens[done:upto])
             done = upto
-            events.extend(self._on_hit(hit.tag, hit.pos, self.since_fork))
+            events.extend(self._on_hit(hit, self.since_fork))
             if hit.tag == self.fork_index:
                 self.since_fork = b""
         self.since_fork += b"".join(self.tags.bytes_of(t) for t in tokens[done:])
@@ -214,8 +216,9 @@ class TagFormatScanner:
     def finish(self, end_pos: int) -> list:
         return []
 
-    def _on_hit(self, tag: int, pos: int, text: bytes) -> list:
-        if tag == self.end_index:
+    def _on_hit(self, hit: TagHit, text: bytes) -> list:
+        pos = hit.pos
+        if hit.tag == self.end_index:
             return [EndTagReached(pos)]
         fmt = self.fmt
         if self.pattern is not None:
@@ -234,9 +237,30 @@ class TagFormatScanner:
                 events.append(PromiseIgnored(pos, "max_children_per_request"))
                 labels = labels[: self.children_left]
             self.children_left -= len(labels)
-        if labels:
-            events.insert(0, ForkReached(pos, tuple(labels)))
+        if labels:  # last: the request parks there
+            events.append(ForkReached(pos, tuple(labels), hit.first_pos))
         return events
+
+
+def child_prompt(codec: TextCodec, context: Sequence[int], tag_start: int,
+                 start_text: str) -> tuple[list[int], tuple[int, ...]]:
+    """A child's prompt: the parent's ``context`` (through the fork tag, whose
+    first byte is in token ``tag_start``) and ``start_text``, tokenized from
+    the tag on as a fresh request's text would be; and the tokens the merge
+    appends to the parent for that start (the same, unless the fresh
+    tokenization also re-splits the parent's own tokens, which stay)."""
+    appended = codec.encode(start_text)
+    tail = tuple(context[tag_start:]) if 0 <= tag_start < len(context) else ()
+    try:
+        tail_text = codec.text(tail).decode("utf-8")
+    except UnicodeDecodeError:
+        tail = ()
+    if not tail:
+        return [*context, *appended], appended
+    fresh = codec.encode(tail_text + start_text)
+    if fresh[: len(tail)] == tail:
+        return [*context, *fresh[len(tail):]], fresh[len(tail):]
+    return [*context[:tag_start], *fresh], appended
 
 
 def merged_layout(starts: Sequence[Sequence[int]], headers: Sequence[Sequence[int]],

@@ -10,7 +10,7 @@ from collections import deque
 from vllm.v1.request import Request
 
 from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG, derive_seed
-from vllm_seqhooks.formats import ForkReached
+from vllm_seqhooks.formats import ForkReached, child_prompt
 from vllm_seqhooks.sched.state import HookState
 from vllm_seqhooks.tokens import PayloadClosed
 
@@ -79,14 +79,14 @@ class SpawningMixin:
         codec = self._text_codec()
         context = list(st.request.all_token_ids[: ev.pos + 1])
         for label in ev.labels:
-            start = codec.encode(fmt.child_start(label))
+            prompt, start = child_prompt(codec, context, ev.tag_start, fmt.child_start(label))
             refusal = self._fork_refusal(st, ev)
-            if refusal is None and len(context) + len(start) >= self.max_model_len:
+            if refusal is None and len(prompt) >= self.max_model_len:
                 refusal = "max_model_len"
             if refusal is not None:
                 self._ignore_promise(st, ev.pos, refusal)
                 continue
-            self._add_child(st, context + list(start), list(start), ev.pos, start,
+            self._add_child(st, prompt, list(start), ev.pos, start,
                             codec.encode(fmt.header(label)))
 
     def _add_child(self, st: HookState, prompt: list[int], payload: list[int], closed_at: int,
