@@ -17,7 +17,8 @@ Each round, for all unfinished parents at once (lockstep):
    the context computed before.
 
 One level of children (``max_child_depth=1``); budgets as the engine's: a
-child may sample what its parent had left at the fork.
+child may sample ``child_max_tokens``, or what its parent had left at the
+fork.
 """
 
 from __future__ import annotations
@@ -160,9 +161,9 @@ class FormatLoop:
                 if len(prompt) >= self.max_model_len:
                     continue
                 key = str(len(p.result.children))
+                budget = self.hooks.child_max_tokens or max(1, p.max_tokens - p.sampled)
                 child = LoopChild(key=key, payload_token_ids=start, prompt_token_ids=prompt,
-                                  max_tokens=min(max(1, p.max_tokens - p.sampled),
-                                                 self.max_model_len - len(prompt)))
+                                  max_tokens=min(budget, self.max_model_len - len(prompt)))
                 p.children.append((child, list(self.codec.encode(self.fmt.header(label)))))
                 p.result.children.append(child)
                 todo.append((p, child))
