@@ -151,3 +151,52 @@ def test_bad_limit_flags_exit_with_a_clear_message(tiny_model_dir, capsys, monke
                                    "--promise-token-id", "4", *flags])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["threadweaver", "multiverse", "npr", "parallel-r1"])
+def test_seqhooks_format_flag_and_tag_overrides(tiny_model_dir, monkeypatch, tmp_path, name):
+    """``vllm serve MODEL --seqhooks NAME``: the preset; the tag flags
+    override its fields."""
+    from vllm_seqhooks import SpecialKwargs
+    from vllm_seqhooks.metrics import ENV_DIR
+    from vllm_seqhooks.presets import expand
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    ns = serve_parser().parse_args([tiny_model_dir, "--seqhooks", name])
+    got = SpecialKwargs.from_additional_config(ns.additional_config)
+    assert got.tag_format == SpecialKwargs(**expand(name)).tag_format
+    assert ns.scheduler_cls == "vllm_seqhooks.scheduler.SeqHooksScheduler"
+    ns = serve_parser().parse_args([tiny_model_dir, "--seqhooks", name, "--merge-suffix", "\n",
+                                    "--fork-min-tokens", "7", "--child-eos-text", "</X>"])
+    got = SpecialKwargs.from_additional_config(ns.additional_config)
+    assert (got.merge_suffix, got.fork_min_tokens, got.child_eos_text) == ("\n", 7, "</X>")
+
+
+def test_tag_format_flags_alone(tiny_model_dir, monkeypatch, tmp_path):
+    from vllm_seqhooks import SpecialKwargs
+    from vllm_seqhooks.metrics import ENV_DIR
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    ns = serve_parser().parse_args([tiny_model_dir, "--fork-tag", "<P>", "--fork-count", "3",
+                                    "--child-header", "<Q{n}>", "--child-end-tag", "</Q>"])
+    fmt = SpecialKwargs.from_additional_config(ns.additional_config).tag_format
+    assert (fmt.fork_tag, fmt.fork_count, fmt.header("2"), fmt.eos_text) == (
+        "<P>", 3, "<Q2>", "</Q>")
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--seqhooks", "threadweaver", "--sync-token", "<sync>"],
+     "--fork-tag (a tag format, joined when the children end) and --sync-token cannot be combined"),
+    (["--fork-tag", "<P>"], "exactly one of --outline-tag"),
+    (["--fork-tag", "<P>", "--fork-count", "0"], "argument --fork-count: expected an integer >= 1"),
+    (["--seqhooks", "threadweaver", "--fork-tag", "</Outlinés>"], "cannot be written with this model"),
+])
+def test_bad_tag_format_flags_exit_with_a_clear_message(tiny_model_dir, capsys, monkeypatch,
+                                                        tmp_path, flags, message):
+    from vllm_seqhooks.metrics import ENV_DIR
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    with pytest.raises(SystemExit) as exc:
+        serve_parser().parse_args([tiny_model_dir, *flags])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err

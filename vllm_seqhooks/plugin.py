@@ -144,6 +144,26 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--memory-aware-admission": ("memory_aware_admission", {"type": _on_off, "metavar": "on|off",
                                  "help": "on: a new request that may spawn starts only when the KV cache can also hold "
                                          "the next join round of the families already running."}),
+    # Tag formats (vllm_seqhooks.formats; the presets set these).
+    "--fork-tag": ("fork_tag", {"metavar": "TEXT",
+                   "help": "A tag format: the parent forks when it writes this text (e.g. '</Outlines>') and "
+                           "resumes when its children end; instead of the promise/sync tokens."}),
+    "--outline-tag": ("outline_tag", {"metavar": "TEXT",
+                      "help": "One child per '<outline-tag> N:' item written since the last fork."}),
+    "--fork-count": ("fork_count", {"type": _positive_int, "metavar": "N",
+                     "help": "Instead of outline items: N children at each fork."}),
+    "--child-header": ("child_header", {"metavar": "TEXT",
+                       "help": "Text that starts child {n} after the parent's context ({n}: its outline number)."}),
+    "--header-lead": ("header_lead", {"metavar": "TEXT",
+                      "help": "Text before every child's header in its prompt, once before the first in the merge."}),
+    "--child-end-tag": ("child_end_tag", {"metavar": "TEXT",
+                        "help": "A child stops after writing this text (kept)."}),
+    "--child-eos-text": ("child_eos_text", {"metavar": "TEXT",
+                         "help": "Appended to a child that ended otherwise (EOS, length); default: the end tag."}),
+    "--merge-suffix": ("merge_suffix", {"metavar": "TEXT",
+                       "help": "Appended after the children's outputs when the parent resumes."}),
+    "--fork-min-tokens": ("fork_min_tokens", {"type": _positive_int, "metavar": "N",
+                          "help": "A fork with fewer than N tokens left to sample spawns nothing."}),
 }
 
 
@@ -174,10 +194,10 @@ def add_hook_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         return parser
     group = parser.add_argument_group(
         GROUP_TITLE,
-        "Fork/join generation driven by the model's own special tokens. "
-        "--seqhooks NAME|auto, or --sync-token-id/--sync-token with "
-        "--promise-token-id/--promise-token, turns hooks on; without hook flags "
-        "the server is stock vLLM.",
+        "Fork/join generation driven by the model's own special tokens or tags. "
+        "--seqhooks NAME|auto, --sync-token-id/--sync-token with "
+        "--promise-token-id/--promise-token, or --fork-tag turns hooks on; "
+        "without hook flags the server is stock vLLM.",
     )
     group.add_argument(
         FORMAT_FLAG, dest=DEST_PREFIX + FORMAT_KEY, default=None, action=_Given,
