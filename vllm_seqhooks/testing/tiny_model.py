@@ -77,7 +77,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 # --------------------------------------------------------------------------
 # Token ids and strings
@@ -202,9 +202,16 @@ def _dump_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def build_tokenizer():
-    """Return the ``tokenizers.Tokenizer`` described in the module docstring."""
+def build_tokenizer(extra_tokens: Sequence[str] = ()):
+    """Return the ``tokenizers.Tokenizer`` described in the module docstring.
+
+    ``extra_tokens``: more atomic added tokens (not special, like the hook
+    tokens), with ids ``TOKENIZER_SIZE, TOKENIZER_SIZE + 1, ...`` in order
+    (at most ``VOCAB_SIZE - TOKENIZER_SIZE``); e.g. the tags of a trained
+    tag-format model."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+
+    _check_extra_tokens(extra_tokens)
 
     vocab = {tok: i for i, tok in enumerate(FIXED_TOKENS + CHARS)}
     assert len(vocab) == TOKENIZER_SIZE
@@ -222,14 +229,31 @@ def build_tokenizer():
         pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
         special_tokens=[(BOS_TOKEN, BOS_ID)],
     )
+    if extra_tokens:
+        tok.add_tokens(
+            [AddedToken(t, special=False, normalized=False) for t in extra_tokens]
+        )
+    for i, t in enumerate(extra_tokens, start=TOKENIZER_SIZE):
+        vocab[t] = i
     for t, i in vocab.items():
         assert tok.token_to_id(t) == i, (t, i, tok.token_to_id(t))
     return tok
 
 
-def _tokenizer_config() -> dict[str, Any]:
+def _check_extra_tokens(extra_tokens: Sequence[str]) -> None:
+    known = set(FIXED_TOKENS + CHARS)
+    if len(extra_tokens) > VOCAB_SIZE - TOKENIZER_SIZE:
+        raise ValueError(f"at most {VOCAB_SIZE - TOKENIZER_SIZE} extra tokens, "
+                         f"got {len(extra_tokens)}")
+    if len(set(extra_tokens)) != len(extra_tokens) or known & set(extra_tokens):
+        raise ValueError(f"extra tokens must be new and distinct, got {list(extra_tokens)}")
+
+
+def _tokenizer_config(extra_tokens: Sequence[str] = ()) -> dict[str, Any]:
     added = {}
-    for i, t in enumerate(FIXED_TOKENS):
+    ids = [*range(len(FIXED_TOKENS)),
+           *range(TOKENIZER_SIZE, TOKENIZER_SIZE + len(extra_tokens))]
+    for i, t in zip(ids, FIXED_TOKENS + tuple(extra_tokens)):
         added[str(i)] = {
             "content": t,
             "lstrip": False,
