@@ -1,7 +1,12 @@
 #!/usr/bin/env python
-"""Train the embedded fork/join model from scratch, on CPU.
+"""Train an embedded fork/join model from scratch, on CPU.
 
-The task (``vllm_seqhooks/forkjoin_task.py``): sort up to 16 digits; lists of
+``--task promise`` (the default; ``vllm_seqhooks/data/forkjoin_model/``) and
+``--task threadweaver`` (``vllm_seqhooks/data/threadweaver_model/``, the same
+sorting in ThreadWeaver's tag format, see ``vllm_seqhooks/threadweaver_task.py``
+and ``docs/threadweaver_model.md``) share everything below but the data.
+
+The promise task (``vllm_seqhooks/forkjoin_task.py``): sort up to 16 digits; lists of
 more than 4 digits are split by the model itself into ``<promise>`` chunks of 4,
 followed by ``<sync>``; the engine runs one child per chunk (payload context,
 prompt ``"sort {payload}="``), appends the sorted chunks after ``<sync>``, and
@@ -29,6 +34,16 @@ when greedy fork/join decoding writes the expected text.
     .venv/bin/python scripts/train_tiny_forkjoin.py
     # writes vllm_seqhooks/data/forkjoin_model/ (weights, tokenizer, training.json,
     # seqhooks.json)
+    .venv/bin/python scripts/train_tiny_forkjoin.py --task threadweaver
+    # writes vllm_seqhooks/data/threadweaver_model/
+
+The threadweaver task's sequences are laid out by the engine's own format code
+(``threadweaver_task.sequences``: child prompts by ``formats.child_prompt``,
+merges by ``formats.merged_layout``); its tokenizer adds the ten tags as
+single tokens (ids 104..113).  A child row there is one child of a random
+problem longer than 4 digits (its prompt: the parent's context through
+``</Outlines>`` and its header, BOS included), trained on its sorted chunk
+and ``</Thread>``.
 
 The shipped model is this command with the defaults (seed 0, 1,500 steps, one
 thread): about 17-20 minutes on a shared 2-core CPU; a second run reproduced
@@ -55,7 +70,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vllm_seqhooks import forkjoin_task as task  # noqa: E402
+from vllm_seqhooks import forkjoin_task  # noqa: E402
+from vllm_seqhooks import threadweaver_task  # noqa: E402
 from vllm_seqhooks.testing import tiny_model as tm  # noqa: E402
 
 ARCH = dict(
@@ -95,19 +111,11 @@ def encode(text: str) -> list[int]:
     return out
 
 
-def check_encoding() -> None:
-    tok = tm.build_tokenizer()
-    for digits in ("7", "3917425", "1234567890123456"):
-        text = task.prompt_text(digits) + task.expected_text(digits)
-        want = tok.encode(text, add_special_tokens=False).ids
-        assert encode(text) == want, (text, encode(text), want)
-
-
 def parent_example(digits: str) -> tuple[list[int], list[int]]:
-    """(input ids, per-token loss flag) of a parent sequence."""
-    ids = [tm.BOS_ID] + encode(task.prompt_text(digits))
+    """(input ids, per-token loss flag) of a promise-task parent sequence."""
+    ids = [tm.BOS_ID] + encode(forkjoin_task.prompt_text(digits))
     train = [0] * len(ids)
-    for seg in task.parent_segments(digits):
+    for seg in forkjoin_task.parent_segments(digits):
         seg_ids = encode(seg.text)
         ids += seg_ids
         train += [0 if seg.merged else 1] * len(seg_ids)
@@ -117,24 +125,100 @@ def parent_example(digits: str) -> tuple[list[int], list[int]]:
 
 
 def child_example(chunk: str) -> tuple[list[int], list[int]]:
-    """A child sequence, as the engine builds its prompt (no BOS)."""
-    prompt = encode(task.child_prompt(chunk))
-    out = encode(task.solve(chunk)) + [tm.EOS_ID]
+    """A promise-task child sequence, as the engine builds its prompt (no BOS)."""
+    prompt = encode(forkjoin_task.child_prompt(chunk))
+    out = encode(forkjoin_task.solve(chunk)) + [tm.EOS_ID]
     return prompt + out, [0] * len(prompt) + [1] * len(out)
 
 
-def sample_batch(rng: random.Random, batch_size: int, child_frac: float):
-    """A list of examples: parents with lengths uniform in 1..MAX_LEN, and
-    children (chunks of 1..CHUNK digits, no BOS)."""
-    examples = []
-    for _ in range(batch_size):
-        if rng.random() < child_frac:
-            n = rng.randint(1, task.CHUNK)
-            chunk = "".join(rng.choice("0123456789") for _ in range(n))
-            examples.append(child_example(chunk))
-        else:
-            examples.append(parent_example(task.random_problem(rng).digits))
-    return examples
+class PromiseTask:
+    """``--task promise``: ``<promise>``/``<sync>``, children in payload context."""
+
+    name = "promise"
+    module = forkjoin_task
+    extra_tokens: tuple[str, ...] = ()
+    child_frac = 0.2
+    description = ("sort up to 16 digits; >4 digits: one <promise> per chunk of 4, <sync>, "
+                   "merge (vllm_seqhooks/forkjoin_task.py)")
+
+    def check_encoding(self) -> None:
+        tok = tm.build_tokenizer()
+        for digits in ("7", "3917425", "1234567890123456"):
+            text = forkjoin_task.prompt_text(digits) + forkjoin_task.expected_text(digits)
+            want = tok.encode(text, add_special_tokens=False).ids
+            assert encode(text) == want, (text, encode(text), want)
+
+    def examples(self, digits: str) -> list[tuple[list[int], list[int]]]:
+        """The parent's sequence, then each child's."""
+        return [parent_example(digits)] + [child_example(c) for c in forkjoin_task.split(digits)]
+
+    def sample_batch(self, rng: random.Random, batch_size: int, child_frac: float):
+        """Parents with lengths uniform in 1..MAX_LEN, and children (chunks of
+        1..CHUNK digits, no BOS)."""
+        examples = []
+        for _ in range(batch_size):
+            if rng.random() < child_frac:
+                n = rng.randint(1, forkjoin_task.CHUNK)
+                chunk = "".join(rng.choice("0123456789") for _ in range(n))
+                examples.append(child_example(chunk))
+            else:
+                examples.append(parent_example(forkjoin_task.random_problem(rng).digits))
+        return examples
+
+
+class ThreadWeaverTask:
+    """``--task threadweaver``: ThreadWeaver's tags, children in fork context."""
+
+    name = "threadweaver"
+    module = threadweaver_task
+    extra_tokens = threadweaver_task.TAGS
+    child_frac = 0.3
+    description = ("sort up to 16 digits in ThreadWeaver's format; >4 digits: one <Outline> "
+                   "per chunk of 4, fork at </Outlines>, children <Thread>, <Conclusion> "
+                   "(vllm_seqhooks/threadweaver_task.py)")
+
+    def __init__(self) -> None:
+        self.tokenizer = tm.build_tokenizer(self.extra_tokens)
+        self.codec = threadweaver_task.text_codec(self.tokenizer)
+        self.fmt = threadweaver_task.tag_format()
+        self._cache: dict[str, list[tuple[list[int], list[int]]]] = {}
+
+    def check_encoding(self) -> None:
+        for i, tag in enumerate(self.extra_tokens, start=tm.TOKENIZER_SIZE):
+            assert self.codec.encode(tag) == (i,), (tag, self.codec.encode(tag))
+        for digits in ("7", "3917425", "1234567890123456"):
+            text = (threadweaver_task.prompt_text(digits)
+                    + threadweaver_task.expected_text(digits, self.fmt))
+            ids, _ = self.examples(digits)[0]
+            want = [tm.BOS_ID, *self.tokenizer.encode(text, add_special_tokens=False).ids,
+                    tm.EOS_ID]
+            assert ids == want, (text, ids, want)
+
+    def examples(self, digits: str) -> list[tuple[list[int], list[int]]]:
+        """The parent's sequence, then each child's (the engine's layout)."""
+        got = self._cache.get(digits)
+        if got is None:
+            got = [(list(e.ids), list(e.train)) for e in threadweaver_task.sequences(
+                self.codec, digits, tm.BOS_ID, tm.EOS_ID, self.fmt)]
+            if len(self._cache) < 100_000:
+                self._cache[digits] = got
+        return got
+
+    def sample_batch(self, rng: random.Random, batch_size: int, child_frac: float):
+        """Parents with lengths uniform in 1..MAX_LEN, and children: one child,
+        chosen uniformly, of a problem longer than CHUNK digits."""
+        examples = []
+        for _ in range(batch_size):
+            if rng.random() < child_frac:
+                p = threadweaver_task.random_problem(rng, min_len=threadweaver_task.CHUNK + 1)
+                children = self.examples(p.digits)[1:]
+                examples.append(children[rng.randrange(len(children))])
+            else:
+                examples.append(self.examples(threadweaver_task.random_problem(rng).digits)[0])
+        return examples
+
+
+TASKS = {"promise": PromiseTask, "threadweaver": ThreadWeaverTask}
 
 
 def length_buckets(examples, n: int):
@@ -182,14 +266,13 @@ def build_model(torch, seed: int):
     return model
 
 
-def evaluate(model, problems, torch, batch_size: int = 256) -> dict:
+def evaluate(model, problems, torch, task, batch_size: int = 256) -> dict:
     """Greedy-exact teacher-forced evaluation (see the module docstring)."""
     model.eval()
     seqs: list[tuple[int, list[int], list[int]]] = []  # (problem index, ids, train)
     for i, p in enumerate(problems):
-        seqs.append((i, *parent_example(p.digits)))
-        for c in p.chunks:
-            seqs.append((i, *child_example(c)))
+        for ids, train in task.examples(p.digits):
+            seqs.append((i, ids, train))
     ok = [True] * len(problems)
     tok_right = tok_total = 0
     with torch.no_grad():
@@ -222,7 +305,7 @@ def lr_at(step: int, steps: int, lr: float, warmup: int, min_ratio: float = 0.05
     return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def save_model(model, out: Path, info: dict, torch, dtype: str) -> None:
+def save_model(model, out: Path, info: dict, torch, dtype: str, task) -> None:
     """Write a model directory vLLM and transformers load offline."""
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -239,16 +322,18 @@ def save_model(model, out: Path, info: dict, torch, dtype: str) -> None:
         gen_cfg = {"bos_token_id": tm.BOS_ID, "eos_token_id": tm.EOS_ID,
                    "pad_token_id": tm.PAD_ID}
         (tmp / "generation_config.json").write_text(tm._dump_json(gen_cfg))
-        tok = tm.build_tokenizer()
+        tok = tm.build_tokenizer(task.extra_tokens)
         (tmp / "tokenizer.json").write_text(
             tm._dump_json(json.loads(tok.to_str())), encoding="utf-8")
-        (tmp / "tokenizer_config.json").write_text(tm._dump_json(tm._tokenizer_config()))
+        (tmp / "tokenizer_config.json").write_text(
+            tm._dump_json(tm._tokenizer_config(task.extra_tokens)))
         special_map = {"bos_token": tm.BOS_TOKEN, "eos_token": tm.EOS_TOKEN,
                        "pad_token": tm.PAD_TOKEN, "unk_token": tm.UNK_TOKEN}
         (tmp / "special_tokens_map.json").write_text(tm._dump_json(special_map))
         (tmp / "training.json").write_text(json.dumps(info, indent=2) + "\n")
         # The hook protocol travels with the model (special_kwargs="auto").
-        (tmp / "seqhooks.json").write_text(json.dumps(task.MODEL_SETTINGS, indent=2) + "\n")
+        (tmp / "seqhooks.json").write_text(
+            json.dumps(task.module.MODEL_SETTINGS, indent=2) + "\n")
         for f in tmp.iterdir():
             os.chmod(f, 0o644)
         os.chmod(tmp, 0o755)
@@ -268,15 +353,18 @@ def save_model(model, out: Path, info: dict, torch, dtype: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=task.MODEL_DIR)
+    ap.add_argument("--task", choices=sorted(TASKS), default="promise")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="model directory (default: the task's embedded model's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--weight-decay", type=float, default=0.01)
-    ap.add_argument("--child-frac", type=float, default=0.2,
-                    help="share of child sequences (no BOS) in a batch")
+    ap.add_argument("--child-frac", type=float, default=None,
+                    help="share of child sequences in a batch (default: the task's, "
+                         "promise 0.2, threadweaver 0.3)")
     ap.add_argument("--micro-batches", type=int, default=3,
                     help="split each batch by length into this many forward passes")
     ap.add_argument("--save-every", type=int, default=0,
@@ -290,13 +378,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args(argv)
 
+    task = TASKS[args.task]()
+    if args.out is None:
+        args.out = task.module.MODEL_DIR
+    if args.child_frac is None:
+        args.child_frac = task.child_frac
+
     import torch
 
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    check_encoding()
+    task.check_encoding()
 
     model = build_model(torch, args.seed)
     n_params = sum(p.numel() for p in model.parameters())
@@ -308,8 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
     rng = random.Random(args.seed)
     # Validation problems come from their own seed, apart from the held-out
-    # set of scripts/eval_forkjoin.py (task.HELDOUT_SEED).
-    val = task.generate_problems(args.eval_size, seed=args.seed + 1_000_003)
+    # set of the evaluation scripts (HELDOUT_SEED of the task module).
+    val = task.module.generate_problems(args.eval_size, seed=args.seed + 1_000_003)
     print(f"model: {n_params:,} parameters, {ARCH}; threads {args.threads}", flush=True)
 
     t0 = time.perf_counter()
@@ -318,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(args.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
-        batch = sample_batch(rng, args.batch_size, args.child_frac)
+        batch = task.sample_batch(rng, args.batch_size, args.child_frac)
         n_target = sum(sum(tr[1:]) for _, tr in batch)
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
@@ -342,9 +436,9 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         if args.save_every and (step + 1) % args.save_every == 0 and args.checkpoint_dir:
             save_model(model, args.checkpoint_dir / f"step{step + 1}",
-                       {"step": step + 1, "seed": args.seed}, torch, args.dtype)
+                       {"step": step + 1, "seed": args.seed}, torch, args.dtype, task)
         if (step + 1) % args.eval_every == 0 or step == args.steps - 1:
-            ev = evaluate(model, val, torch)
+            ev = evaluate(model, val, torch, task)
             history.append({"step": step + 1, "loss_ema": round(ema, 5),
                             "greedy_exact": ev["greedy_exact"],
                             "token_accuracy": round(ev["token_accuracy"], 5),
@@ -353,17 +447,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"token acc {ev['token_accuracy']:.5f}  failed e.g. {ev['failed'][:5]}",
                   flush=True)
     train_s = time.perf_counter() - t0
-    final = evaluate(model, val, torch)
+    final = evaluate(model, val, torch, task)
     # The weights as saved (rounded to --dtype), evaluated in float32.
     saved = build_model(torch, args.seed)
     saved.load_state_dict({k: v.to(getattr(torch, args.dtype)).float()
                            for k, v in model.state_dict().items()})
-    final_saved = evaluate(saved, val, torch)
+    final_saved = evaluate(saved, val, torch, task)
     print(f"validation: float32 weights {final['greedy_exact']:.4f}, saved {args.dtype} "
           f"weights {final_saved['greedy_exact']:.4f} (failed e.g. {final_saved['failed'][:5]})")
     info = {
-        "task": "sort up to 16 digits; >4 digits: one <promise> per chunk of 4, <sync>, "
-                "merge (vllm_seqhooks/forkjoin_task.py)",
+        "task": task.description,
         "command": "python scripts/train_tiny_forkjoin.py " + " ".join(
             argv if argv is not None else sys.argv[1:]),
         "seed": args.seed,
@@ -392,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps({k: v for k, v in info.items() if k != "history"}, indent=2))
     if not args.no_save:
-        save_model(model, args.out, info, torch, args.dtype)
+        save_model(model, args.out, info, torch, args.dtype, task)
         print(f"saved to {args.out}")
     return 0
 
