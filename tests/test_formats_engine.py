@@ -68,11 +68,16 @@ def test_threadweaver_fork_and_implicit_join(async_sched, spec):
         " alpha</Thread>", " beta\n</Thread>"]
     (join,) = trace["joins"]
     assert join["children"] == ["0", "1"]
-    # Only what the merge appended is prefilled when the parent resumes:
-    # the tag token it parked on plus the merged tokens.
+    # The merge starts with child 0's own sequence (context, header, output):
+    # the parent resumes through the prefix cache and reuses child 0's KV
+    # blocks beyond what it had computed itself (it had computed everything
+    # but the fork tag's last token).
     merged = len(enc("\n<Thread>\n1: alpha</Thread><Thread>\n2: beta\n</Thread>\n<Conclusion>\n"))
+    context = len(enc("Q:" + TW_PARENT))
     assert join["merged_tokens"] == merged
-    assert join["prefilled_tokens"] == merged + 1
+    assert join["prefilled_tokens"] + join["reused_tokens"] == context + merged
+    child0 = context + len(enc("\n<Thread>\n1: alpha</Thread>"))
+    assert join["reused_tokens"] == (child0 - 1) // 16 * 16 > context - 1
     assert_idle(h)
 
 

@@ -77,8 +77,13 @@ class FormatLoop:
     def generate(self, prompts: Sequence[Any], sampling_params: Any) -> list[LoopResult]:
         from vllm import SamplingParams
 
-        params = sampling_params or SamplingParams()
-        parents = [self._new_parent(p, params) for p in prompts]
+        if isinstance(sampling_params, SamplingParams) or sampling_params is None:
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError("one SamplingParams per prompt, or one for all")
+        parents = [self._new_parent(p, sp) for p, sp in zip(prompts, params_list)]
         stats = {"rounds": 0, "parent_calls": 0, "child_calls": 0}
         t0 = time.perf_counter()
         active = parents

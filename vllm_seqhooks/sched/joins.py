@@ -13,6 +13,7 @@ from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 from vllm_seqhooks.dependencies import (
     FAILED,
     FINISHED,
+    MERGED,
     SAMPLED_BEFORE_ARG,
     build_trace,
 )
@@ -178,6 +179,8 @@ class JoinMixin:
             self._finish_after_join(st, merged, finish_status)
             return
         # Resume: [<sync>] + merged become prompt tokens; only they prefill.
+        if self._first_child_covers_merge(st, _children):
+            self._release_blocks(st)  # resume through the prefix cache
         if st.spilled_frontier is not None:
             req.num_computed_tokens = st.spilled_frontier
         sp = req.sampling_params.clone()
@@ -210,6 +213,20 @@ class JoinMixin:
             )
         logger.debug("%s joined %d children: %d merged tokens", rid,
                      len(record.children), len(merged))
+
+    def _first_child_covers_merge(self, st: HookState, children: list[str]) -> bool:
+        """A tag format's merge starts with the first child's own sequence
+        (the parent's context, the child's start, its output): when the KV
+        blocks that child filled go past what the parent computed, the parent
+        resumes through the prefix cache and reuses them."""
+        if self.hooks.tag_format is None or not children or st.spilled_frontier is not None:
+            return False
+        node = self.deps.get(children[0])
+        if node is None or node.state != MERGED or not node.sampled_tokens:
+            return False
+        # The child's last sampled token was never computed.
+        covered = (node.prompt_tokens + node.sampled_tokens - 1) // self.block_size
+        return covered * self.block_size > st.request.num_computed_tokens
 
     def _finish_after_join(
         self, st: HookState, merged: list[int], status: RequestStatus

@@ -109,13 +109,19 @@ class SpillMixin:
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         return free < need + 1
 
-    def _spill(self, st: HookState) -> None:
+    def _release_blocks(self, st: HookState) -> None:
+        """A parked parent gives its KV blocks back to the pool (as prefix-cache
+        entries) and will resume through the prefix cache."""
         req = st.request
         self.kv_holding_waiting.remove_request(req)
         self._free_request_blocks(req)
         st.spilled_frontier = req.num_computed_tokens
         req.num_computed_tokens = 0
         self.waiting.add_request(req)
+
+    def _spill(self, st: HookState) -> None:
+        req = st.request
+        self._release_blocks(st)
         self.metrics.inc("spills", 1)
         logger.info(
             "spilled parked request %s (%d computed tokens) to let its "
