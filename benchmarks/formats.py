@@ -47,9 +47,11 @@ def spec(name: str) -> dict[str, Any]:
 
 
 def workload(name: str, size: dict[str, Any], S, seed: int):
+    """``size["batch"]`` families; the prompts differ between presets and
+    seeds (the stock engine's prefix cache serves every preset)."""
     from vllm_seqhooks.testing.format_scripts import format_script
 
-    rng = random.Random(seed)
+    rng = random.Random(f"{name}:{seed}")
     prompts, params = [], []
     for _ in range(size["batch"]):
         prompts.append(S("".join(rng.choice("abcdefghij ") for _ in range(size["context"]))))
