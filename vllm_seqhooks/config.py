@@ -258,6 +258,21 @@ class SpecialKwargs:
             child_eos_text=self.child_eos_text, merge_suffix=self.merge_suffix,
             fork_min_tokens=self.fork_min_tokens)
 
+    def summary(self) -> str:
+        """One line for the engine's log."""
+        fmt = self.tag_format
+        if fmt is not None:
+            how = (f"outline items {fmt.outline_tag!r}" if fmt.outline_tag
+                   else f"{fmt.fork_count} children")
+            hooks = (f"fork at {fmt.fork_tag!r} ({how}), children end at "
+                     f"{fmt.child_end_tag!r}, merge suffix {fmt.merge_suffix!r}")
+        else:
+            hooks = (f"sync={self.sync_token_id} promise={self.promise_token_id} "
+                     f"promise_end={self.promise_end_token_id} context={self.child_context} "
+                     f"merge={self.merge_strategy}")
+        return (f"{hooks} max_child_depth={self.max_child_depth} "
+                f"max_children_per_request={self.max_children_per_request}")
+
     # ------------------------------------------------------------------ ids
     @property
     def hook_token_ids(self) -> frozenset[int]:

@@ -117,10 +117,9 @@ class SeqHooksMixin(
             hooks = _resolve_in_engine(hooks, vllm_config)
         hooks.check_vocab(vllm_config.model_config.get_vocab_size())
         self.hooks = hooks
-        self._tokenizer = None
         self._codec = None
         if hooks.tag_format is not None:
-            self._text_codec()  # fails at start-up, not at the first request
+            self._text_codec().table  # at start-up, not at the first request
         #: Reorder each scheduler output by family: the V2 runner batches
         #: requests in the output's order (the V1 runner keeps a persistent
         #: batch, grouped in the worker; see vllm_seqhooks.worker).
@@ -160,7 +159,6 @@ class SeqHooksMixin(
         #: memory-aware admission of families).
         self._held_this_step: set[str] = set()
         self._join_footprint = JoinFootprint()
-        self._token_cache: dict[str, tuple[int, ...]] = {}
         model_name = vllm_config.model_config.served_model_name
         if isinstance(model_name, (list, tuple)):
             model_name = model_name[0]
@@ -169,17 +167,7 @@ class SeqHooksMixin(
             model_name=str(model_name or vllm_config.model_config.model),
             directory=os.environ.get(METRICS_ENV_DIR),
         )
-        logger.info(
-            "sequence hooks on: sync=%s promise=%s promise_end=%s context=%s "
-            "merge=%s max_child_depth=%s max_children_per_request=%s",
-            hooks.sync_token_id,
-            hooks.promise_token_id,
-            hooks.promise_end_token_id,
-            hooks.child_context,
-            hooks.merge_strategy,
-            hooks.max_child_depth,
-            hooks.max_children_per_request,
-        )
+        logger.info("sequence hooks on: %s", hooks.summary())
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:

@@ -8,11 +8,10 @@ import logging
 from vllm.v1.request import Request
 
 from vllm_seqhooks.config import SpecialKwargsError
-from vllm_seqhooks.formats import TagFormatScanner, TextCodec
+from vllm_seqhooks.formats import TextCodec
+from vllm_seqhooks.request_hooks import new_scanner, request_hooks
 from vllm_seqhooks.request_keys import parse_request_overrides
 from vllm_seqhooks.sched.state import HookState
-from vllm_seqhooks.token_bytes import token_bytes_table
-from vllm_seqhooks.tokens import SpecialTokenProcessor
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -42,39 +41,19 @@ class AdmissionMixin:
         if per_request.get("enabled", True) is False:
             return
         node = self.deps.get(request.request_id)
-        depth = node.depth if node is not None else 0
-        max_depth = min(self.hooks.max_child_depth,
-                        per_request.get("max_child_depth", self.hooks.max_child_depth))
-        max_children = min(
-            self.hooks.max_children_per_request,
-            per_request.get("max_children_per_request", self.hooks.max_children_per_request),
-        )
-        may_spawn = depth < max_depth and max_children > 0
-        scanner = None
-        fmt = self.hooks.tag_format
-        if fmt is not None:
-            if may_spawn or (depth > 0 and fmt.child_end_tag):
-                scanner = TagFormatScanner(fmt, self._text_codec(), may_fork=may_spawn,
-                                           ends_at_tag=depth > 0, max_children=max_children)
-        elif may_spawn:
-            scanner = SpecialTokenProcessor(
-                self.hooks.sync_token_id,
-                self.hooks.promise_token_id,
-                self.hooks.promise_end_token_id,
-                max_promises=max_children,
-            )
+        rh = request_hooks(self.hooks, per_request, node.depth if node is not None else 0)
         family = None
-        if may_spawn and depth == 0:
+        if rh.may_spawn and rh.depth == 0:
             family = self._new_family(request, per_request)
             if family.deadline is not None:
                 self._timed_families.add(family)
         self._hook_states[request.request_id] = HookState(
             request=request,
-            scanner=scanner,
+            scanner=new_scanner(self.hooks, rh, self._text_codec),
             orig_prompt_len=request.num_prompt_tokens,
             orig_max_tokens=request.max_tokens,
             orig_min_tokens=sp.min_tokens,
-            child_max_tokens=per_request.get("child_max_tokens", self.hooks.child_max_tokens),
+            child_max_tokens=rh.child_max_tokens,
             separator=self._separator(per_request.get("merge_separator")),
             family=family,
         )
@@ -85,36 +64,24 @@ class AdmissionMixin:
         default = tuple(self.hooks.merge_separator_token_ids or ())
         if text is None or text == self.hooks.merge_separator:
             return default
-        ids = self._token_cache.get(text)
-        if ids is None:
-            tokenizer = self._engine_tokenizer()
-            if tokenizer is None:
-                logger.warning("seqhooks_merge_separator needs a tokenizer "
-                               "(skip_tokenizer_init is set); using the server's")
-                return default
-            ids = tuple(tokenizer.encode(text, add_special_tokens=False))
-            if len(self._token_cache) < 1024:
-                self._token_cache[text] = ids
-        return ids
+        codec = self._text_codec(required=False)
+        if codec is None:
+            logger.warning("seqhooks_merge_separator needs a tokenizer "
+                           "(skip_tokenizer_init is set); using the server's")
+            return default
+        return codec.encode(text)
 
-    def _engine_tokenizer(self):
-        """The model's tokenizer, loaded in EngineCore on first use (None
-        with ``skip_tokenizer_init``)."""
-        if self._tokenizer is None and not self.vllm_config.model_config.skip_tokenizer_init:
+    def _text_codec(self, required: bool = True) -> TextCodec | None:
+        """Text and token bytes through the model's tokenizer, loaded in
+        EngineCore on first use (none with ``skip_tokenizer_init``)."""
+        model_config = self.vllm_config.model_config
+        if self._codec is None and not model_config.skip_tokenizer_init:
             from vllm.tokenizers import cached_tokenizer_from_config
 
-            self._tokenizer = cached_tokenizer_from_config(self.vllm_config.model_config)
-        return self._tokenizer
-
-    def _text_codec(self) -> TextCodec:
-        """Token bytes and text encoding for a tag format (built once)."""
-        if self._codec is None:
-            tokenizer = self._engine_tokenizer()
-            if tokenizer is None:
-                raise ValueError("a tag format (fork_tag) needs the model's tokenizer; "
-                                 "skip_tokenizer_init cannot be set")
-            size = max(len(tokenizer), self.vllm_config.model_config.get_vocab_size())
-            self._codec = TextCodec(
-                token_bytes_table(tokenizer, size),
-                lambda text: tokenizer.encode(text, add_special_tokens=False))
+            tokenizer = cached_tokenizer_from_config(model_config)
+            self._codec = TextCodec.from_tokenizer(
+                tokenizer, max(len(tokenizer), model_config.get_vocab_size()))
+        if self._codec is None and required:
+            raise ValueError("a tag format (fork_tag) needs the model's tokenizer; "
+                             "skip_tokenizer_init cannot be set")
         return self._codec

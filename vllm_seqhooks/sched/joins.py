@@ -17,6 +17,7 @@ from vllm_seqhooks.dependencies import (
     SAMPLED_BEFORE_ARG,
     build_trace,
 )
+from vllm_seqhooks.join_plan import contribution, first_child_covers, fit_merge, resumes
 from vllm_seqhooks.sched.state import HookState
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
@@ -102,44 +103,41 @@ class JoinMixin:
         rid = child.request_id
         if rid not in self._children:
             return
+        st = self._hook_states.get(rid)
+        tokens = self._contribution(st) if state == FINISHED and st is not None else []
+        reason = str(finish_reason) if finish_reason is not None else state
+        self._close_child(rid, st, state, tokens, reason)
+
+    def _close_child(self, rid: str, st: HookState | None, state: str, tokens: list[int],
+                     reason: str) -> None:
+        """A child ended: its state goes, its parent gets ``tokens`` and joins
+        once its other open children have ended too."""
         del self._children[rid]
         self._ended_children.add(rid)
-        st = self._drop_state(rid, None)
+        self._drop_state(rid, None)  # records its sampled tokens in its node
         self._accounting.pop(rid, None)
         self._family_child_ended(st, rid)
-        tokens: list[int] = []
-        if state == FINISHED and st is not None:
-            tokens = self._contribution(st)
         self.metrics.child_ended(state)
-        reason = str(finish_reason) if finish_reason is not None else state
-        node = self.deps.get(rid)
-        if node is not None and st is not None:
-            node.sampled_tokens = st.sampled
         parent_id = self.deps.child_ended(rid, state, tokens, reason)
         if parent_id is not None:
             self._ready_joins.append(parent_id)
 
-    def _contribution(self, st: HookState) -> list[int]:
-        """What a finished request contributes to its parent: everything it
-        generated after its original prompt (merged grandchildren included),
-        without the EOS / stop token that ended it."""
+    def _contribution(self, st: HookState, merged: list[int] = ()) -> list[int]:
+        """What a finished request gives its parent (join_plan.contribution):
+        what it generated after its prompt without the EOS / stop token that
+        ended it, the merge it finished with, and a tag format's end text for
+        a child that did not end at its end tag."""
         req = st.request
-        tokens = list(req.all_token_ids[st.orig_prompt_len:])
         stop_pos = st.stop_pos
         if stop_pos is None and req.status == RequestStatus.FINISHED_STOPPED and (
             isinstance(req.stop_reason, int) or req.stop_reason is None
         ):
             stop_pos = req.num_tokens - 1
-        if stop_pos is not None:
-            idx = stop_pos - st.orig_prompt_len
-            if 0 <= idx < len(tokens):
-                del tokens[idx]
         fmt = self.hooks.tag_format
-        if fmt is not None and fmt.child_end_tag and not st.ended_by_tag and fmt.eos_text:
-            # A tag format's child that ended otherwise (EOS, length) closes
-            # its part with the end tag.
-            tokens.extend(self._text_codec().encode(fmt.eos_text))
-        return tokens
+        closing = ()
+        if fmt is not None and fmt.child_end_tag and not st.ended_by_tag:
+            closing = self._text_codec().encode(fmt.eos_text)
+        return contribution(req.all_token_ids, st.orig_prompt_len, stop_pos, merged, closing)
 
     def _join(self, rid: str) -> None:
         st = self._hook_states.get(rid)
@@ -163,17 +161,15 @@ class JoinMixin:
         self.metrics.inc("joins", 1)
         # Room left under max_model_len (rule 7).
         room = self.max_model_len - req.num_tokens
-        truncated = len(merged) > room
-        if truncated:
-            merged = merged[: max(room, 0)]
-            record.truncated = True
-            self.metrics.inc("truncated_merges", 1)
+        merged, record.truncated = fit_merge(merged, room)
+        self.metrics.inc("truncated_merges", int(record.truncated))
         record.merged_tokens = len(merged)
         self.metrics.inc("merged_tokens", len(merged))
         remaining = st.orig_max_tokens - st.sampled
         finish_status = st.final_status
-        if finish_status is None and (truncated or len(merged) >= room or remaining <= 0
-                                      or self._stops_family_member(st)):
+        if finish_status is None and not resumes(
+                truncated=record.truncated, merged=len(merged), room=room,
+                remaining=remaining, family_stops=self._stops_family_member(st)):
             finish_status = RequestStatus.FINISHED_LENGTH_CAPPED
         if finish_status is not None:
             self._finish_after_join(st, merged, finish_status)
@@ -222,11 +218,9 @@ class JoinMixin:
         if self.hooks.tag_format is None or not children or st.spilled_frontier is not None:
             return False
         node = self.deps.get(children[0])
-        if node is None or node.state != MERGED or not node.sampled_tokens:
-            return False
-        # The child's last sampled token was never computed.
-        covered = (node.prompt_tokens + node.sampled_tokens - 1) // self.block_size
-        return covered * self.block_size > st.request.num_computed_tokens
+        return (node is not None and node.state == MERGED and bool(node.sampled_tokens)
+                and first_child_covers(node.prompt_tokens + node.sampled_tokens,
+                                       st.request.num_computed_tokens, self.block_size))
 
     def _finish_after_join(
         self, st: HookState, merged: list[int], status: RequestStatus
@@ -234,7 +228,7 @@ class JoinMixin:
         req = st.request
         rid = req.request_id
         is_child = rid in self._children
-        contribution = self._contribution(st) + merged if is_child else None
+        tokens = self._contribution(st, merged) if is_child else None
         stop_reason = st.final_stop_reason
         self._unpark(st)
         if st.spilled_frontier is not None:
@@ -242,18 +236,8 @@ class JoinMixin:
             st.spilled_frontier = None
         super().finish_requests([rid], status)
         if is_child:
-            del self._children[rid]
-            self._ended_children.add(rid)
-            self._drop_state(rid, None)
-            self._family_child_ended(st, rid)
-            self.metrics.child_ended(FINISHED)
-            reason = str(RequestStatus.get_finished_reason(status))
-            node = self.deps.get(rid)
-            if node is not None:
-                node.sampled_tokens = st.sampled
-            parent_id = self.deps.child_ended(rid, FINISHED, contribution, reason)
-            if parent_id is not None:
-                self._ready_joins.append(parent_id)
+            self._close_child(rid, st, FINISHED, tokens,
+                              str(RequestStatus.get_finished_reason(status)))
             return
         held = [req.all_token_ids[st.stop_pos]] if st.stop_pos is not None else []
         out = EngineCoreOutput(

@@ -58,9 +58,7 @@ class SamplingMixin:
             self._accounting.pop(request.request_id, None)
             st.accounting = None
         scanner = st.scanner
-        if scanner is None:
-            if stopped and self.deps.has_open_children(request.request_id):
-                self._park(st, stopped_by_finish=True)
+        if scanner is None:  # it cannot spawn: no open children either
             return new_token_ids, stopped
         for ev in scanner.feed(new_token_ids, start):
             if isinstance(ev, PayloadClosed):

@@ -11,6 +11,7 @@ from vllm.v1.request import Request
 
 from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG, derive_seed
 from vllm_seqhooks.formats import ForkReached, child_prompt
+from vllm_seqhooks.join_plan import child_budget, promise_prompt, promise_prompt_len
 from vllm_seqhooks.sched.state import HookState
 from vllm_seqhooks.tokens import PayloadClosed
 
@@ -31,39 +32,22 @@ class SpawningMixin:
 
     def _spawn_refusal(self, st: HookState, ev: PayloadClosed) -> str | None:
         """Why a closed payload spawns no child (None: it spawns one)."""
-        hooks = self.hooks
         refusal = self._limit_refusal(st)
         if refusal is not None:
             return refusal
-        if hooks.child_context == "fork":
-            prompt_len = ev.context_end
-        else:
-            prompt_len = (len(hooks.child_prompt_prefix_token_ids or ())
-                          + (ev.end - ev.start)
-                          + len(hooks.child_prompt_suffix_token_ids or ()))
-            if prompt_len == 0:
-                return "empty_payload"
-        if prompt_len >= self.max_model_len:
-            return "max_model_len"
-        return None
+        prompt_len = promise_prompt_len(self.hooks, ev.start, ev.end, ev.context_end)
+        if prompt_len == 0:
+            return "empty_payload"
+        return "max_model_len" if prompt_len >= self.max_model_len else None
 
     def _spawn(self, st: HookState, ev: PayloadClosed) -> None:
-        hooks = self.hooks
         refusal = self._spawn_refusal(st, ev)
         if refusal is not None:
             self._ignore_promise(st, ev.start - 1, refusal)
             return
         tokens = st.request.all_token_ids
-        payload = list(tokens[ev.start : ev.end])
-        if hooks.child_context == "fork":
-            prompt = list(tokens[: ev.context_end])
-        else:
-            prompt = [
-                *(hooks.child_prompt_prefix_token_ids or ()),
-                *payload,
-                *(hooks.child_prompt_suffix_token_ids or ()),
-            ]
-        self._add_child(st, prompt, payload, ev.end)
+        self._add_child(st, promise_prompt(self.hooks, tokens, ev.start, ev.end, ev.context_end),
+                        list(tokens[ev.start : ev.end]), ev.end)
 
     def _fork_refusal(self, st: HookState, ev: ForkReached) -> str | None:
         """Why a fork tag spawns no (more) children (None: it does)."""
@@ -94,13 +78,10 @@ class SpawningMixin:
         """Queue a child with ``prompt``; its budget is what the parent had
         left when it sampled the token at ``closed_at``."""
         parent = st.request
-        room = self.max_model_len - len(prompt)
-        budget = st.child_max_tokens
-        if budget is None:
-            # (With speculative decoding, tokens after it may be in this step.)
-            sampled_after = max(0, parent.num_tokens - 1 - closed_at)
-            budget = max(1, st.orig_max_tokens - (st.sampled - sampled_after))
-        budget = min(int(budget), room)
+        # (With speculative decoding, tokens after it may be in this step.)
+        sampled_after = max(0, parent.num_tokens - 1 - closed_at)
+        budget = child_budget(st.child_max_tokens, st.orig_max_tokens, st.sampled - sampled_after,
+                              self.max_model_len - len(prompt))
         if st.family is not None:
             budget = st.family.child_budget(budget)
         self.deps.ensure_root(parent.request_id)

@@ -45,12 +45,7 @@ class SpillMixin:
             if self._children_starved:
                 self._spill_idle_holder()
             return
-        holders = [
-            st for st in self._hook_states.values()
-            if st.parked and st.spilled_frontier is None
-            and st.request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
-            and st.request.num_computed_tokens > 0
-        ]
+        holders = self._holders()
         if not holders:
             return
         if not self._waiting_needs_blocks():
@@ -72,25 +67,25 @@ class SpillMixin:
                 node = self.deps.get(req.request_id)
                 head_parent = node.parent_id if node is not None else None
                 break
-        for st in reversed(list(self._hook_states.values())):
-            req = st.request
-            if (not st.parked or st.spilled_frontier is not None
-                    or req.status != RequestStatus.WAITING_FOR_STREAMING_REQ
-                    or req.num_computed_tokens == 0 or req.request_id == head_parent):
+        for st in reversed(self._holders()):
+            node = self.deps.get(st.request.request_id)
+            if node is None or st.request.request_id == head_parent:
                 continue
-            node = self.deps.get(req.request_id)
-            if node is None:
-                continue
-            started = False
-            for cid in node.open_children:
-                child = self._children.get(cid)
-                if child is not None and (child.num_computed_tokens > 0
-                                          or child.status == RequestStatus.RUNNING):
-                    started = True
-                    break
-            if not started:
+            if not any(self._started(cid) for cid in node.open_children):
                 self._spill(st)
                 return
+
+    def _holders(self) -> list[HookState]:
+        """Parked parents that hold KV blocks, oldest first."""
+        return [st for st in self._hook_states.values()
+                if st.parked and st.spilled_frontier is None
+                and st.request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+                and st.request.num_computed_tokens > 0]
+
+    def _started(self, child_id: str) -> bool:
+        child = self._children.get(child_id)
+        return child is not None and (child.num_computed_tokens > 0
+                                      or child.status == RequestStatus.RUNNING)
 
     def _waiting_needs_blocks(self) -> bool:
         head = None

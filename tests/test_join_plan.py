@@ -1,0 +1,77 @@
+"""The pure decisions around a fork and a join (vllm_seqhooks.join_plan,
+vllm_seqhooks.request_hooks)."""
+
+from __future__ import annotations
+
+from vllm_seqhooks.config import SpecialKwargs
+from vllm_seqhooks.formats import TagFormatScanner, TextCodec
+from vllm_seqhooks.join_plan import (
+    child_budget,
+    contribution,
+    first_child_covers,
+    fit_merge,
+    promise_prompt,
+    promise_prompt_len,
+    resumes,
+)
+from vllm_seqhooks.presets import expand
+from vllm_seqhooks.request_hooks import new_scanner, request_hooks
+from vllm_seqhooks.tokens import SpecialTokenProcessor
+
+PROMISE = SpecialKwargs(sync_token_id=6, promise_token_id=4, promise_end_token_id=5)
+TAGS = SpecialKwargs(**expand("threadweaver"))
+
+
+def codec():
+    return TextCodec([bytes([i]) for i in range(256)], lambda text: list(text.encode()))
+
+
+def test_contribution_drops_the_stop_token_then_adds_merge_and_closing():
+    tokens = [1, 2, 3, 10, 11, 2]  # prompt of 3, then 10 11 and EOS (2) at 5
+    assert contribution(tokens, 3, 5) == [10, 11]
+    assert contribution(tokens, 3, None) == [10, 11, 2]
+    # A child that finished at its own join: its merge, then its end text.
+    assert contribution(tokens, 3, 5, merged=[7, 7], closing=[9]) == [10, 11, 7, 7, 9]
+
+
+def test_budget_merge_fit_and_resume():
+    assert child_budget(None, 100, 30, 1000) == 70
+    assert child_budget(None, 100, 100, 1000) == 1
+    assert child_budget(8, 100, 30, 5) == 5
+    assert fit_merge([1, 2, 3], 2) == ([1, 2], True)
+    assert fit_merge([1, 2, 3], 3) == ([1, 2, 3], False)
+    assert resumes(truncated=False, merged=3, room=10, remaining=5, family_stops=False)
+    assert not resumes(truncated=False, merged=10, room=10, remaining=5, family_stops=False)
+    assert not resumes(truncated=False, merged=3, room=10, remaining=0, family_stops=False)
+    assert not resumes(truncated=False, merged=3, room=10, remaining=5, family_stops=True)
+
+
+def test_first_child_covers_past_the_parent():
+    # 16-token blocks; the child's last sampled token was never computed.
+    assert first_child_covers(child_tokens=49, parent_computed=40, block_size=16)  # 48 > 40
+    assert not first_child_covers(child_tokens=48, parent_computed=40, block_size=16)  # 32
+    assert not first_child_covers(child_tokens=49, parent_computed=48, block_size=16)
+
+
+def test_promise_prompts():
+    tokens = [1, 4, 20, 21, 5, 30]
+    assert promise_prompt(PROMISE, tokens, 2, 4, 5) == [1, 4, 20, 21, 5]
+    assert promise_prompt_len(PROMISE, 2, 4, 5) == 5
+    templ = PROMISE.with_overrides(child_context="payload", child_prompt_prefix_token_ids=[9],
+                                   child_prompt_suffix_token_ids=[8, 8])
+    assert promise_prompt(templ, tokens, 2, 4, 5) == [9, 20, 21, 8, 8]
+    assert promise_prompt_len(templ, 2, 4, 5) == 5
+
+
+def test_request_hooks_and_scanners():
+    rh = request_hooks(PROMISE, {"max_children_per_request": 3}, depth=0)
+    assert (rh.may_spawn, rh.max_children, rh.child_max_tokens) == (True, 3, None)
+    assert isinstance(new_scanner(PROMISE, rh, codec), SpecialTokenProcessor)
+    child = request_hooks(PROMISE, {}, depth=1)  # max_child_depth 1
+    assert not child.may_spawn and new_scanner(PROMISE, child, codec) is None
+    # A tag format's child at the depth limit still ends at its end tag.
+    tw_child = request_hooks(TAGS, {"child_max_tokens": 5}, depth=1)
+    scanner = new_scanner(TAGS, tw_child, codec)
+    assert isinstance(scanner, TagFormatScanner) and scanner.fork_index == -1
+    assert tw_child.child_max_tokens == 5
+    assert new_scanner(TAGS, request_hooks(TAGS, {"max_children_per_request": 0}, 0), codec) is None
