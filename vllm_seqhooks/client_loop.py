@@ -149,14 +149,7 @@ class ClientLoop:
     ) -> list[LoopResult]:
         """Run ``prompts`` (text, token ids or ``{"prompt_token_ids": ...}``)
         to completion with fork/join; one result per prompt, in order."""
-        from vllm import SamplingParams
-
-        if isinstance(sampling_params, SamplingParams) or sampling_params is None:
-            params_list = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(prompts):
-                raise ValueError("one SamplingParams per prompt, or one for all")
+        params_list = params_per_prompt(sampling_params, len(prompts))
         parents = [self._new_parent(i, p, sp)
                    for i, (p, sp) in enumerate(zip(prompts, params_list))]
         stats = {"rounds": 0, "parent_calls": 0, "child_calls": 0,
@@ -183,12 +176,7 @@ class ClientLoop:
         if params.stop:
             raise ValueError("the client loop rebuilds text from token ids: use "
                              "stop_token_ids, not stop strings")
-        if isinstance(prompt, str):
-            ids = list(self.tokenizer.encode(prompt))
-        elif isinstance(prompt, Mapping):
-            ids = list(prompt["prompt_token_ids"])
-        else:
-            ids = [int(t) for t in prompt]
+        ids = prompt_ids(self.tokenizer, prompt)
         max_tokens = params.max_tokens
         if max_tokens is None:
             max_tokens = self.max_model_len - len(ids)
@@ -376,6 +364,27 @@ class ClientLoop:
         res.stop_reason = stop_reason
         res.sampled_tokens = p.sampled
         p.done = True
+
+
+def params_per_prompt(sampling_params: Any, n: int) -> list[Any]:
+    """One ``SamplingParams`` per prompt (the same one for all, or a list)."""
+    from vllm import SamplingParams
+
+    if isinstance(sampling_params, SamplingParams) or sampling_params is None:
+        return [sampling_params or SamplingParams()] * n
+    params = list(sampling_params)
+    if len(params) != n:
+        raise ValueError("one SamplingParams per prompt, or one for all")
+    return params
+
+
+def prompt_ids(tokenizer: Any, prompt: Any) -> list[int]:
+    """Text, token ids or ``{"prompt_token_ids": ...}`` as token ids."""
+    if isinstance(prompt, str):
+        return list(tokenizer.encode(prompt))
+    if isinstance(prompt, Mapping):
+        return list(prompt["prompt_token_ids"])
+    return [int(t) for t in prompt]
 
 
 def client_loop_generate(llm: Any, prompts: Sequence[Any], sampling_params: Any,

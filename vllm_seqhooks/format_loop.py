@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from vllm_seqhooks.client_loop import LoopChild, LoopResult
+from vllm_seqhooks.client_loop import LoopChild, LoopResult, params_per_prompt, prompt_ids
 from vllm_seqhooks.config import SpecialKwargs, coerce_special_kwargs
 from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG, derive_seed
 from vllm_seqhooks.formats import (
@@ -75,15 +75,8 @@ class FormatLoop:
         self.stats: dict[str, Any] = {}
 
     def generate(self, prompts: Sequence[Any], sampling_params: Any) -> list[LoopResult]:
-        from vllm import SamplingParams
-
-        if isinstance(sampling_params, SamplingParams) or sampling_params is None:
-            params_list = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(prompts):
-                raise ValueError("one SamplingParams per prompt, or one for all")
-        parents = [self._new_parent(p, sp) for p, sp in zip(prompts, params_list)]
+        parents = [self._new_parent(p, sp) for p, sp in
+                   zip(prompts, params_per_prompt(sampling_params, len(prompts)))]
         stats = {"rounds": 0, "parent_calls": 0, "child_calls": 0}
         t0 = time.perf_counter()
         active = parents
@@ -101,12 +94,7 @@ class FormatLoop:
         return [p.result for p in parents]
 
     def _new_parent(self, prompt: Any, params: Any) -> _Parent:
-        if isinstance(prompt, str):
-            ids = list(self.tokenizer.encode(prompt))
-        elif isinstance(prompt, Mapping):
-            ids = list(prompt["prompt_token_ids"])
-        else:
-            ids = [int(t) for t in prompt]
+        ids = prompt_ids(self.tokenizer, prompt)
         max_tokens = params.max_tokens
         if max_tokens is None:
             max_tokens = self.max_model_len - len(ids)
