@@ -99,3 +99,28 @@ def test_presets_by_name_with_llm(tiny_model_dir):
 
     with pytest.raises(SpecialKwargsError, match="fork_tag '</Outlinés>' cannot be written"):
         LLM(tiny_model_dir, special_kwargs={"format": "threadweaver", "fork_tag": "</Outlinés>"})
+
+
+def test_promise_preset_equals_its_client_loop(tiny_model_dir, stock):
+    """The fifth preset, ``promise``, against the project's client loop
+    (benchmarks.loop.ScriptedClientLoop: ClientLoop replaying scripts)."""
+    from benchmarks.loop import ScriptedClientLoop
+    from vllm_seqhooks.llm import LLM
+    from vllm_seqhooks.testing.forkjoin import Scripts, scripted_engine_kwargs
+
+    spec = {"format": "promise", "merge_separator": ","}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        llm = LLM(tiny_model_dir, special_kwargs=spec, **scripted_engine_kwargs(tiny_model_dir))
+    S = Scripts(llm.get_tokenizer())
+    params = S.params("ab<promise>xy</promise><promise>zw</promise>c<sync>done",
+                      {"0": "AAA", "1": "BBBB"}, max_tokens=80)
+    prompts = ["Q: one", "Q: two"]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    results = ScriptedClientLoop(stock, spec).generate(prompts, params)
+    for out, res in zip(outs, results):
+        assert S.text(out.outputs[0].token_ids) == (
+            "ab<promise>xy</promise><promise>zw</promise>c<sync>AAA,BBBBdone</s>")
+        assert list(out.outputs[0].token_ids) == res.token_ids
+    del llm
+    gc.collect()
