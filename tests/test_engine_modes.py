@@ -130,7 +130,46 @@ def oracles(model: str) -> dict:
     res["tight_finish"] = sorted({o.outputs[0].finish_reason for o in got})
     res["tight_pressure"] = tsched.hook_stats["spills"] + tsched.hook_stats["preemptions"]
     res["idle_tight"] = _idle(tight)
+    del tight
+    res.update(tag_format_oracles(model, prompt_ids))
     return res
+
+
+TW_BEFORE = "<Outlines>\n<Outline>1: a</Outline>\n<Outline>2: b</Outline>\n</Outlines>"
+TW_CHILDREN = {"0": " alpha, long enough to fill a KV block</Thread>", "1": " beta"}
+TW_MERGE = ("\n<Thread>\n1: alpha, long enough to fill a KV block</Thread><Thread>\n2: beta"
+            "\n</Thread>\n<Conclusion>\n")
+
+
+def tag_format_oracles(model: str, prompt_ids: list[int]) -> dict:
+    """A tag format (implicit join; the parent resumes through the prefix
+    cache on the first child's KV): the merged text, and the parent's
+    continuation against a fresh request on the same context."""
+    import vllm
+
+    from vllm_seqhooks.llm import LLM
+    from vllm_seqhooks.testing.forkjoin import Scripts, scheduler_of, scripted_engine_kwargs
+
+    llm = LLM(model, special_kwargs="threadweaver",
+              **scripted_engine_kwargs(model, max_model_len=512))
+    S = Scripts(llm.get_tokenizer())
+    before, n_free = S(TW_BEFORE), 16
+    out = llm.generate([{"prompt_token_ids": prompt_ids}],
+                       S.params(before, TW_CHILDREN, end="free",
+                                max_tokens=len(before) + n_free,
+                                extra_args={"seqhooks_child_max_tokens": 64}),
+                       use_tqdm=False)[0]
+    tokens = list(out.outputs[0].token_ids)
+    upto = len(before) + len(S(TW_MERGE))
+    plain = vllm.SamplingParams(temperature=0, max_tokens=n_free,
+                                extra_args={"seqhooks_enabled": False})
+    ref = llm.generate([{"prompt_token_ids": prompt_ids + tokens[:upto]}], plain,
+                       use_tqdm=False)[0]
+    (join,) = out.hook_trace["joins"]
+    return {"tag_text": S.text(tokens[:upto]), "tag_continuation": tokens[upto:],
+            "tag_fresh_continuation": list(ref.outputs[0].token_ids),
+            "tag_reused_past_parent": join["reused_tokens"] > len(prompt_ids) + len(before),
+            "tag_idle": _idle(llm) and not scheduler_of(llm).requests}
 
 
 _RESULTS: dict[str, dict] = {}
@@ -188,6 +227,15 @@ def test_abort_while_parked_leaves_nothing(mode_results):
     _, res = mode_results
     assert res["parked_before_abort"] == 1
     assert res["idle_after_abort"]
+
+
+def test_tag_format_join_reuses_the_first_child_and_continues_exactly(mode_results):
+    _, res = mode_results
+    assert res["tag_text"] == TW_BEFORE + TW_MERGE
+    assert res["tag_reused_past_parent"]
+    assert len(res["tag_continuation"]) == 16
+    assert res["tag_continuation"] == res["tag_fresh_continuation"]
+    assert res["tag_idle"]
 
 
 def test_kv_pressure_every_family_finishes_identically(mode_results):
