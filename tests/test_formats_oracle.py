@@ -42,29 +42,34 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def stock(tiny_model_dir):
+def in_process():
+    """Engines in this process (their schedulers are readable), for the whole
+    module: set up before and restored after every engine fixture."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        yield
+
+
+@pytest.fixture(scope="module")
+def stock(in_process, tiny_model_dir):
     import vllm
 
     from vllm_seqhooks.testing.forkjoin import scripted_engine_kwargs
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        yield vllm.LLM(tiny_model_dir, **scripted_engine_kwargs(tiny_model_dir))
+    return vllm.LLM(tiny_model_dir, **scripted_engine_kwargs(tiny_model_dir))
 
 
 @pytest.fixture(scope="module", params=list(CASES))
-def native(request, tiny_model_dir):
+def native(request, in_process, tiny_model_dir):
     from vllm_seqhooks.llm import LLM
     from vllm_seqhooks.testing.forkjoin import scripted_engine_kwargs
 
     spec = {"format": request.param, "max_child_depth": 1, "fork_min_tokens": None,
             "child_max_tokens": 20}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        llm = LLM(tiny_model_dir, special_kwargs=spec, **scripted_engine_kwargs(tiny_model_dir))
-        yield request.param, spec, llm
-        del llm
-        gc.collect()
+    llm = LLM(tiny_model_dir, special_kwargs=spec, **scripted_engine_kwargs(tiny_model_dir))
+    yield request.param, spec, llm
+    del llm
+    gc.collect()
 
 
 def test_native_equals_the_formats_own_loop(native, stock):
@@ -101,7 +106,7 @@ def test_presets_by_name_with_llm(tiny_model_dir):
         LLM(tiny_model_dir, special_kwargs={"format": "threadweaver", "fork_tag": "</Outlinés>"})
 
 
-def test_promise_preset_equals_its_client_loop(tiny_model_dir, stock):
+def test_promise_preset_equals_its_client_loop(tiny_model_dir, in_process, stock):
     """The fifth preset, ``promise``, against the project's client loop
     (benchmarks.loop.ScriptedClientLoop: ClientLoop replaying scripts)."""
     from benchmarks.loop import ScriptedClientLoop
@@ -109,9 +114,7 @@ def test_promise_preset_equals_its_client_loop(tiny_model_dir, stock):
     from vllm_seqhooks.testing.forkjoin import Scripts, scripted_engine_kwargs
 
     spec = {"format": "promise", "merge_separator": ","}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        llm = LLM(tiny_model_dir, special_kwargs=spec, **scripted_engine_kwargs(tiny_model_dir))
+    llm = LLM(tiny_model_dir, special_kwargs=spec, **scripted_engine_kwargs(tiny_model_dir))
     S = Scripts(llm.get_tokenizer())
     params = S.params("ab<promise>xy</promise><promise>zw</promise>c<sync>done",
                       {"0": "AAA", "1": "BBBB"}, max_tokens=80)

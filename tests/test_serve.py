@@ -104,8 +104,9 @@ def test_streamed_chunks_add_up_to_the_final_text(client, tiny_model_dir, S):
                                        extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
     chunks = [c.choices[0].text for c in stream if c.choices]
     assert "".join(chunks) == EXPECTED
-    # the merged children arrive in one chunk right after <sync>
-    assert "AAA\nBBBB" in chunks
+    # the merged children arrive together, in one chunk (vLLM may join it
+    # with its neighbours when the client reads slower than the engine)
+    assert any("AAA\nBBBB" in c for c in chunks), chunks
 
 
 def test_chat_completion(client, tiny_model_dir, S):

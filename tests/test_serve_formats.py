@@ -78,7 +78,9 @@ def test_streamed_chunks_add_up(client, tiny_model_dir, xargs):
                                        extra_body={"vllm_xargs": xargs})
     chunks = [c.choices[0].text for c in stream if c.choices]
     assert "".join(chunks) == EXPECTED
-    assert MERGED in chunks  # the merge arrives in one chunk
+    # The merge arrives whole, in one chunk (vLLM may join it with its
+    # neighbours when the client reads slower than the engine).
+    assert any(MERGED in c for c in chunks), chunks
 
 
 def test_chat_completion(client, tiny_model_dir, xargs):

@@ -85,6 +85,12 @@ class LoopResult:
     parent_prompt_tokens: int = 0
     parent_cached_tokens: int = 0
 
+    def add_round(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        """One more ``generate`` call for the parent, with this prompt."""
+        self.rounds += 1
+        self.parent_prompt_tokens += prompt_tokens
+        self.parent_cached_tokens += int(cached_tokens or 0)
+
     @property
     def parent_prefilled_tokens(self) -> int:
         return self.parent_prompt_tokens - self.parent_cached_tokens
@@ -215,9 +221,7 @@ class ClientLoop:
             comp = out.outputs[0]
             new = list(comp.token_ids)
             res = p.result
-            res.rounds += 1
-            res.parent_prompt_tokens += len(p.context)
-            res.parent_cached_tokens += int(out.num_cached_tokens or 0)
+            res.add_round(len(p.context), out.num_cached_tokens)
             start = len(p.context)
             sampled_before = p.sampled
             p.context.extend(new)

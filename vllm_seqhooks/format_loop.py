@@ -122,9 +122,7 @@ class FormatLoop:
             comp = out.outputs[0]
             new = list(comp.token_ids)
             res = p.result
-            res.rounds += 1
-            res.parent_prompt_tokens += len(p.context)
-            res.parent_cached_tokens += int(out.num_cached_tokens or 0)
+            res.add_round(len(p.context), out.num_cached_tokens)
             start = len(p.context)
             p.fork = next((ev for ev in p.scanner.feed(new, start)
                            if isinstance(ev, ForkReached)), None)
