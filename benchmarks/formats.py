@@ -146,6 +146,7 @@ def flat_xargs(sp, **extra) -> dict[str, Any]:
 async def http_loop_family(client, model: str, hooks, codec, prompt: list[int], sp) -> dict:
     """One family as the formats' own orchestrators run it over HTTP."""
     from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
+    from vllm_seqhooks.format_loop import child_contribution
     from vllm_seqhooks.formats import ForkReached, TagFormatScanner, child_prompt, merged_layout
 
     fmt = hooks.tag_format
@@ -186,11 +187,8 @@ async def http_loop_family(client, model: str, hooks, codec, prompt: list[int], 
         outputs = []
         for toks, ch, cost in kids:
             computed += cost
-            if not (ch.finish_reason == "stop" and ch.stop_reason == fmt.child_end_tag):
-                if ch.finish_reason == "stop" and isinstance(ch.stop_reason, (int, type(None))):
-                    toks = toks[:-1]
-                toks = toks + list(codec.encode(fmt.eos_text))
-            outputs.append(toks)
+            outputs.append(child_contribution(fmt, codec, toks, ch.finish_reason,
+                                              ch.stop_reason))
         merged = merged_layout([s for _p, s in starts],
                                [codec.encode(fmt.header(label)) for label in fork.labels],
                                outputs, codec.encode(hooks.merge_separator),
@@ -231,13 +229,11 @@ def over_http(model: str, size: dict[str, Any], workdir: Path) -> list[dict[str,
     from vllm_seqhooks.presets import expand
     from vllm_seqhooks.testing.forkjoin import Scripts
     from vllm_seqhooks.testing.server import SCRIPTED, TINY_FLAGS, start_server
-    from vllm_seqhooks.token_bytes import token_bytes_table
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
     S = Scripts(tok)
-    codec = TextCodec(token_bytes_table(tok, 128),
-                      lambda text: tok.encode(text, add_special_tokens=False))
+    codec = TextCodec.from_tokenizer(tok, 128)
     flags = [*TINY_FLAGS, "--max-model-len", "4096", "--logits-processors", SCRIPTED,
              "--enable-prompt-tokens-details"]
     stock = start_server(model, *flags, log_path=workdir / "stock.log")

@@ -10,6 +10,7 @@ EngineCore (``additional_config["seqhooks"]``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field, fields
@@ -243,20 +244,16 @@ class SpecialKwargs:
         except TagFormatError as exc:
             raise SpecialKwargsError(str(exc)) from None
 
-    @property
+    @functools.cached_property
     def tag_format(self):
-        """The :class:`~vllm_seqhooks.formats.TagFormat` (None: the
-        promise / sync protocol)."""
+        """The :class:`~vllm_seqhooks.formats.TagFormat` made of this
+        object's fields of the same names (None: the promise / sync
+        protocol); built once."""
         if self.fork_tag is None:
             return None
         from vllm_seqhooks.formats import TagFormat
 
-        return TagFormat(
-            fork_tag=self.fork_tag, outline_tag=self.outline_tag, fork_count=self.fork_count,
-            child_header=self.child_header, header_lead=self.header_lead,
-            child_end_tag=self.child_end_tag,
-            child_eos_text=self.child_eos_text, merge_suffix=self.merge_suffix,
-            fork_min_tokens=self.fork_min_tokens)
+        return TagFormat(**{f.name: getattr(self, f.name) for f in fields(TagFormat)})
 
     def summary(self) -> str:
         """One line for the engine's log."""

@@ -37,7 +37,7 @@ from vllm_seqhooks.formats import (
     child_prompt,
     merged_layout,
 )
-from vllm_seqhooks.token_bytes import token_bytes_table
+from vllm_seqhooks.join_plan import fit_merge
 
 
 @dataclass
@@ -52,6 +52,21 @@ class _Parent:
     #: Children of the fork being run, each with its header's ids.
     children: list[tuple[LoopChild, list[int]]] = field(default_factory=list)
     done: bool = False
+
+
+def child_contribution(fmt, codec: TextCodec, token_ids: Sequence[int], finish_reason: Any,
+                       stop_reason: Any) -> list[int]:
+    """What a child run by a client gives its parent: its tokens, ending at
+    its end tag (a stop string), or else without its EOS / stop token and
+    with ``fmt.eos_text`` instead."""
+    toks = list(token_ids)
+    if finish_reason == "stop" and stop_reason == fmt.child_end_tag:
+        return toks
+    if finish_reason == "stop" and isinstance(stop_reason, (int, type(None))):
+        toks.pop()  # its EOS / stop token
+    if fmt.child_end_tag:
+        toks.extend(codec.encode(fmt.eos_text))
+    return toks
 
 
 class FormatLoop:
@@ -69,8 +84,7 @@ class FormatLoop:
         self.hooks = hooks.resolve(self.tokenizer) if not hooks.is_resolved else hooks
         self.fmt = hooks.tag_format
         size = max(len(self.tokenizer), llm.llm_engine.model_config.get_vocab_size())
-        self.codec = TextCodec(token_bytes_table(self.tokenizer, size),
-                               lambda text: self.tokenizer.encode(text, add_special_tokens=False))
+        self.codec = TextCodec.from_tokenizer(self.tokenizer, size)
         self.max_model_len = int(llm.llm_engine.model_config.max_model_len)
         self.stats: dict[str, Any] = {}
 
@@ -181,13 +195,8 @@ class FormatLoop:
             c.output_token_ids = list(toks)
             c.finish_reason = comp.finish_reason
             c.cached_prompt_tokens = int(out.num_cached_tokens or 0)
-            at_tag = comp.finish_reason == "stop" and comp.stop_reason == self.fmt.child_end_tag
-            if not at_tag:
-                if comp.finish_reason == "stop" and isinstance(comp.stop_reason, (int, type(None))):
-                    toks.pop()  # its EOS / stop token
-                if self.fmt.child_end_tag:
-                    toks.extend(self.codec.encode(self.fmt.eos_text))
-            c.contribution = toks
+            c.contribution = child_contribution(self.fmt, self.codec, toks, comp.finish_reason,
+                                                comp.stop_reason)
 
     def _join(self, p: _Parent) -> None:
         children, p.children, p.fork = p.children, [], None
@@ -200,8 +209,7 @@ class FormatLoop:
                                [c.contribution for c, _ in children],
                                self.hooks.merge_separator_token_ids or (), suffix)
         room = self.max_model_len - len(p.context)
-        truncated = len(merged) > room
-        merged = merged[: max(room, 0)]
+        merged, truncated = fit_merge(merged, room)
         res.joins.append({"children": [c.key for c, _ in children], "merged_tokens": len(merged),
                           "truncated": truncated})
         res.merged_tokens += len(merged)
