@@ -506,14 +506,16 @@ def interleaved(configs: Sequence[str], repeats: int, run: Callable[[str, int], 
                 *, log: Callable[[str], None] | None = None) -> dict[str, list[Any]]:
     """Run every configuration once per repeat, rotating the order each
     repeat (repeat r starts with configuration r mod n), so that slow drifts
-    of a shared machine hit all configurations alike. Returns
-    configuration -> results in repeat order."""
+    of a shared machine hit all configurations alike; every other round of
+    n repeats the configurations after the first run in reverse, so that
+    who follows whom varies too. Returns configuration -> results in repeat
+    order."""
     results: dict[str, list[Any]] = {c: [] for c in configs}
     n = len(configs)
     for r in range(repeats):
         order = [configs[(r + i) % n] for i in range(n)]
-        if r % 2 == 1:
-            order = order[::-1]
+        if (r // n) % 2 == 1:
+            order = [order[0], *order[:0:-1]]
         for c in order:
             results[c].append(run(c, r))
         if log:
