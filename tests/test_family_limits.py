@@ -13,7 +13,6 @@ from vllm_seqhooks.config import (
 from vllm_seqhooks.request_keys import parse_request_overrides
 from vllm_seqhooks.dependencies import HookNode, JoinRecord, family_usage
 from vllm_seqhooks.fair_share import Entry, plan
-from vllm_seqhooks.kv_admission import JoinFootprint, admit_families
 from vllm_seqhooks.family import (
     DEADLINE,
     DESCENDANTS,
@@ -128,7 +127,6 @@ def test_request_values_parsed():
     ("family_token_factor", 0), ("max_descendants", -1),
     ("max_live_children_per_family", 0), ("max_live_children", 0),
     ("child_timeout_s", 0), ("family_timeout_s", math.nan), ("fair_share", "yes"),
-    ("memory_aware_admission", 1),
 ])
 def test_bad_server_settings(field, value):
     with pytest.raises(SpecialKwargsError, match=field):
@@ -215,35 +213,33 @@ def test_two_families_split_the_slots():
     assert got.preempt == ["a-c9"]
 
 
-# ------------------------------------------------------ memory-aware admission
-def test_footprint_learns_from_joins():
-    fp = JoinFootprint(alpha=0.5)
-    assert fp.growth(prompt_blocks=7) == 7.0  # a guess until the first join
-    fp.observe(10)
-    assert fp.growth(prompt_blocks=7) == 10.0
-    fp.observe(20)
-    assert fp.growth(prompt_blocks=7) == 15.0
+def test_blocks_hold_a_family_back_only_for_a_request_a_share_could_hold():
+    """Under KV pressure a fair share of blocks can be smaller than what a
+    waiting request needs to start (here 100 // 2 = 50 blocks against 55):
+    holding a family back for it would only leave the blocks idle."""
+    running = bomb_running(2, blocks=30)
+    big = [Entry("bomb-w0", "bomb", 0, True), Entry("new", "new", 0, False, 55)]
+    got = plan(big, running, max_running=16, total_blocks=100)
+    assert got.hold == [] and got.preempt == []
+    small = [Entry("bomb-w0", "bomb", 0, True), Entry("plain", "plain", 0, False, 2)]
+    got = plan(small, running, max_running=16, total_blocks=100)
+    assert got.hold == ["bomb-w0"]
+    # Slots still count for any waiting request, whatever it needs.
+    got = plan(big, bomb_running(16, blocks=1), max_running=16, total_blocks=100)
+    assert got.hold == ["bomb-w0"] and got.preempt == ["bomb-c15"]
 
 
-def test_new_families_wait_for_room_for_the_running_ones():
-    fp = JoinFootprint()
-    fp.observe(10)
-    cands = [("a", 5), ("b", 5), ("c", 5)]
-    # Nothing running: the first always starts; each one started reserves
-    # a join round (10) for itself.
-    assert admit_families(cands, free_blocks=30, growing_families=0, footprint=fp) == ["a", "b"]
-    # Three families will still grow: 40 - 30 >= 5 for one more only.
-    assert admit_families(cands, free_blocks=40, growing_families=3, footprint=fp) == ["a"]
-    assert admit_families(cands, free_blocks=20, growing_families=2, footprint=fp) == []
-    # Queue order: a later, smaller family does not overtake.
-    assert admit_families([("big", 30), ("small", 1)], free_blocks=35, growing_families=1,
-                          footprint=fp) == []
-    # A cache too small for any reserve still runs one family at a time.
-    assert admit_families(cands, free_blocks=3, growing_families=0, footprint=fp) == ["a"]
-    # No join seen yet (hooks unused so far): only families that spawned
-    # reserve room, new ones are admitted as vLLM would.
-    fresh = JoinFootprint()
-    assert admit_families(cands, free_blocks=20, growing_families=0,
-                          footprint=fresh) == ["a", "b", "c"]
-    assert admit_families(cands, free_blocks=20, growing_families=2,
-                          footprint=fresh) == ["a", "b"]
+# ------------------------------------------------------------- child queue
+def test_children_wait_family_by_family_ahead_of_new_requests():
+    from vllm_seqhooks.child_queue import child_insert_index
+
+    # Queue: children of families arrived at 1.0 and 3.0, then a new request.
+    waiting = [(True, 1.0), (True, 1.0), (True, 3.0), (False, 0.5)]
+    assert child_insert_index(waiting, 1.0) == 2   # after its siblings
+    assert child_insert_index(waiting, 2.0) == 2   # between older and newer families
+    assert child_insert_index(waiting, 3.0) == 3   # after its own siblings
+    assert child_insert_index(waiting, 9.0) == 3   # never behind a request not started
+    assert child_insert_index([], 1.0) == 0
+    assert child_insert_index([(False, 0.0)], 1.0) == 0
+    # A preempted child vLLM put back at the front keeps its place.
+    assert child_insert_index([(True, 5.0), (True, 1.0)], 1.0) == 2

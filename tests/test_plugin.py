@@ -123,8 +123,7 @@ def test_limit_flags_become_the_configuration(tiny_model_dir, monkeypatch, tmp_p
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     settings = {"family_token_factor": 4, "max_descendants": 30,
                 "max_live_children_per_family": 8, "max_live_children": 100,
-                "child_timeout_s": 2.5, "family_timeout_s": 60.0, "fair_share": False,
-                "memory_aware_admission": False}
+                "child_timeout_s": 2.5, "family_timeout_s": 60.0, "fair_share": False}
     ns = serve_parser().parse_args([tiny_model_dir, "--sync-token-id", "6",
                                     "--promise-token-id", "4", *hook_flags(settings)])
     got = SpecialKwargs.from_additional_config(ns.additional_config)

@@ -43,7 +43,6 @@ SCHEDULER_ATTRIBUTES = (
     "max_model_len",
     "block_size",
     "max_num_running_reqs",
-    "max_num_scheduled_tokens",
     "use_v2_model_runner",
     "vllm_config",
 )

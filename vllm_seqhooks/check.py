@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 #: Speculative decoding used by configuration (3).
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3,

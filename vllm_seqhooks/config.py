@@ -112,7 +112,6 @@ class SpecialKwargs:
     child_timeout_s: float | None = None
     family_timeout_s: float | None = None
     fair_share: bool = True
-    memory_aware_admission: bool = True
     # A format written in text tags (vllm_seqhooks.formats.TagFormat): set
     # fork_tag instead of the promise / sync tokens.
     fork_tag: str | None = None
@@ -215,10 +214,9 @@ class SpecialKwargs:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, check_seconds(name, value))
-        for name in ("fair_share", "memory_aware_admission"):
-            if not isinstance(getattr(self, name), bool):
-                raise SpecialKwargsError(
-                    f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.fair_share, bool):
+            raise SpecialKwargsError(
+                f"fair_share must be true or false, got {self.fair_share!r}")
         for name in (
             "merge_separator_token_ids",
             "failed_child_marker_token_ids",

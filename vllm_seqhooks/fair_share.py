@@ -16,18 +16,23 @@ waits, so that the engine stays work-conserving:
 
 * ``share = max(1, max_running // contenders)`` slots and
   ``total_blocks // contenders`` KV blocks, where contenders are the
-  families with a request running or waiting;
-* a waiting child whose family already holds its share is held back for this
-  step when a request of another family, of the same or a more urgent
-  priority, waits;
+  families with a request running or waiting; a family's blocks are those
+  its running and parked requests hold, each counted once (siblings share
+  their parent's context);
+* a waiting child whose family already holds its share of slots is held
+  back for this step when a request of another family, of the same or a
+  more urgent priority, waits; one whose family holds more than its share of
+  blocks, when such a request waits that a share of blocks could hold. A
+  request that needs more than a share cannot be given one by holding
+  others back: under KV pressure that would only leave blocks idle, and the
+  families already started go first (they finish, and free their blocks,
+  sooner);
 * when such a request waits and no slot is free, the newest running child
   of the family most above its share of slots is preempted (vLLM's
   recompute preemption: its cached blocks stay in the prefix cache), one
   per waiting request, never taking a family below its share. Blocks are
   not preempted for: under KV pressure, preempting running children to
-  start other families only trades one recomputation for another (the
-  memory-aware admission of :mod:`vllm_seqhooks.kv_admission` keeps new
-  families out instead).
+  start other families only trades one recomputation for another.
 
 With at least one slot per family, a parked parent's children always keep
 one slot (no deadlock); a request that arrives beside a family holding every
@@ -55,7 +60,8 @@ class Entry:
     priority: int = 0
     #: True for a child (only children are held back or preempted).
     is_child: bool = False
-    #: KV blocks it holds (running requests).
+    #: KV blocks it holds (running and parked requests, each block counted
+    #: once per family) or needs to start (waiting requests).
     blocks: int = 0
 
 
@@ -89,22 +95,30 @@ def plan(
     for e in parked:
         blocks[e.family] = blocks.get(e.family, 0) + e.blocks
 
-    def over(family: str) -> bool:
-        return slots.get(family, 0) >= share or blocks.get(family, 0) > block_share
-
-    # The most urgent priority waiting from each family.
+    # The most urgent priority waiting from each family: of any request
+    # (for slots), and of requests that a share of the blocks can hold.
     urgent: dict[str, int] = {}
+    urgent_fitting: dict[str, int] = {}
     for e in waiting:
         urgent[e.family] = min(urgent.get(e.family, e.priority), e.priority)
+        if e.blocks <= block_share:
+            urgent_fitting[e.family] = min(urgent_fitting.get(e.family, e.priority),
+                                           e.priority)
 
-    def others_wait(family: str, priority: int) -> bool:
-        return any(p <= priority for f, p in urgent.items() if f != family)
+    def others_wait(family: str, priority: int, among: dict[str, int]) -> bool:
+        return any(p <= priority for f, p in among.items() if f != family)
+
+    def held(e: Entry) -> bool:
+        if slots.get(e.family, 0) >= share and others_wait(e.family, e.priority, urgent):
+            return True
+        return (blocks.get(e.family, 0) > block_share
+                and others_wait(e.family, e.priority, urgent_fitting))
 
     out = FairSharePlan(share=share)
     admitted: dict[str, int] = {}
     deprived: list[Entry] = []
     for e in waiting:
-        if e.is_child and over(e.family) and others_wait(e.family, e.priority):
+        if e.is_child and held(e):
             out.hold.append(e.request_id)
             continue
         if slots.get(e.family, 0) + admitted.get(e.family, 0) < share and not e.is_child:

@@ -141,9 +141,6 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--fair-share": ("fair_share", {"type": _on_off, "metavar": "on|off",
                      "help": "on: while other requests wait, one family's children get at most an equal share "
                              "of the running slots and KV blocks."}),
-    "--memory-aware-admission": ("memory_aware_admission", {"type": _on_off, "metavar": "on|off",
-                                 "help": "on: a new request that may spawn starts only when the KV cache can also hold "
-                                         "the next join round of the families already running."}),
     # Tag formats (vllm_seqhooks.formats; the presets set these).
     "--fork-tag": ("fork_tag", {"metavar": "TEXT",
                    "help": "A tag format: the parent forks when it writes this text (e.g. '</Outlines>') and "

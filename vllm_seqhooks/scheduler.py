@@ -49,8 +49,6 @@ from vllm_seqhooks.sched.accounting import AccountingMixin
 from vllm_seqhooks.sched.admission import AdmissionMixin
 from vllm_seqhooks.sched.engine_support import unsupported_engine
 from vllm_seqhooks.sched.fairness import FairShareMixin
-from vllm_seqhooks.sched.family_admission import FamilyAdmissionMixin
-from vllm_seqhooks.kv_admission import JoinFootprint
 from vllm_seqhooks.sched.joins import TRACE_KEY, JoinMixin  # noqa: F401 (TRACE_KEY: re-exported)
 from vllm_seqhooks.sched.limits import LimitsMixin
 from vllm_seqhooks.sched.sampling import SamplingMixin
@@ -75,7 +73,6 @@ class SeqHooksMixin(
     SpillMixin,
     LimitsMixin,
     FairShareMixin,
-    FamilyAdmissionMixin,
 ):
     """Fork/join on top of vLLM's ``Scheduler`` (or ``AsyncScheduler``): the
     lifecycle and the state; the parts live in :mod:`vllm_seqhooks.sched`."""
@@ -98,7 +95,6 @@ class SeqHooksMixin(
     _child_deadlines: Mapping[str, float] = MappingProxyType({})
     _held_this_step: frozenset[str] = frozenset()
     _num_parked = 0
-    _children_starved = False
     _order_output_by_family = False
     deps = DependencyManager()
     metrics = HookMetrics("-", "-", None, mirror=False)
@@ -155,10 +151,8 @@ class SeqHooksMixin(
         self._families_to_cut: list = []
         #: Child request id -> clock reading at which it times out.
         self._child_deadlines: dict[str, float] = {}
-        #: Waiting requests vLLM skips in this step's admission (fair share,
-        #: memory-aware admission of families).
+        #: Waiting requests vLLM skips in this step's admission (fair share).
         self._held_this_step: set[str] = set()
-        self._join_footprint = JoinFootprint()
         model_name = vllm_config.model_config.served_model_name
         if isinstance(model_name, (list, tuple)):
             model_name = model_name[0]
@@ -226,10 +220,6 @@ class SeqHooksMixin(
         # slot. Parked parents do not: the worker dropped their state when
         # they parked (see _park). Counting them would keep their own
         # children out of the batch (deadlock with few slots).
-        if (self.waiting and self.hooks.memory_aware_admission
-                and (self._children or self._join_footprint.joins_seen)):
-            # (No child and no join yet: nothing to reserve for.)
-            self._held_this_step.update(self._family_admission_holds())
         if self._children and self.hooks.fair_share and self.waiting:
             self._held_this_step.update(self._fair_share_holds())
         parked = self._num_parked
@@ -237,7 +227,6 @@ class SeqHooksMixin(
             self.num_waiting_for_streaming_input -= parked
         try:
             out = super().schedule(*args, **kwargs)
-            self._children_starved = bool(self._children) and self._child_left_waiting(out)
         finally:
             if parked:
                 self.num_waiting_for_streaming_input += parked

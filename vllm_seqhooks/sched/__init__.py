@@ -12,12 +12,11 @@ in ``vllm_seqhooks._vllm_private``.
 * :mod:`.joins`: children's outputs filtered, merged into the parked parent,
   which resumes; the trace of a finished request;
 * :mod:`.accounting`: prefill counted at joins and cache hits at forks;
-* :mod:`.spill`: parked parents give their KV blocks back under pressure;
+* :mod:`.spill`: parked parents give their KV blocks back when the next
+  waiting request cannot get blocks;
 * :mod:`.limits`: family budgets, spawn limits and deadlines
   (:mod:`vllm_seqhooks.family` decides);
-* :mod:`.fairness`: fair share of slots between families
+* :mod:`.fairness`: fair share of slots and KV blocks between families
   (:mod:`vllm_seqhooks.fair_share` decides);
-* :mod:`.family_admission`: new families wait for KV room
-  (:mod:`vllm_seqhooks.kv_admission` decides);
 * :mod:`.engine_support`: engines hooks refuse at start-up.
 """

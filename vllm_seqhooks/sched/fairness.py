@@ -11,6 +11,7 @@ import time
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.fair_share import Entry, plan
+from vllm_seqhooks.kv_blocks import blocks_for
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -22,15 +23,18 @@ class FairShareMixin:
     def _fair_share_holds(self) -> list[str]:
         """Apply this step's plan: preempt what it says, and return the
         children to keep out of this step's admission."""
-        waiting = [self._entry(req, with_blocks=False) for req in self.waiting
+        waiting = [self._entry(req) for req in self.waiting
                    if req.status != RequestStatus.WAITING_FOR_STREAMING_REQ
                    and req.request_id not in self._held_this_step]
         if all(e.is_child for e in waiting):
             return []
-        running = [self._entry(req, with_blocks=True) for req in self.running]
-        parked = [self._entry(st.request, with_blocks=True)
+        # Siblings share their parent's blocks: each block counts once per
+        # family (parked parents first, whose context their children share).
+        seen: dict[str, set[int]] = {}
+        parked = [self._entry(st.request, with_blocks=seen)
                   for st in self._hook_states.values()
                   if st.parked and st.spilled_frontier is None]
+        running = [self._entry(req, with_blocks=seen) for req in self.running]
         decided = plan(waiting, running, max_running=self.max_num_running_reqs,
                        total_blocks=self.kv_cache_manager.block_pool.num_gpu_blocks,
                        parked=parked)
@@ -46,11 +50,20 @@ class FairShareMixin:
         # Preempted children are over their family's share too.
         return decided.hold + decided.preempt
 
-    def _entry(self, req: Request, *, with_blocks: bool) -> Entry:
+    def _entry(self, req: Request, *, with_blocks: dict[str, set[int]] | None = None
+               ) -> Entry:
+        """A waiting request (``with_blocks`` None) with the blocks it needs
+        to start; a request holding blocks with those of its blocks that
+        ``with_blocks`` (the blocks counted so far, by family) lacks."""
         rid = req.request_id
         st = self._hook_states.get(rid)
         family = st.family.root_id if st is not None and st.family is not None else rid
-        blocks = 0
-        if with_blocks:
-            blocks = len(self.kv_cache_manager.get_block_ids(rid)[0])
-        return Entry(rid, family, req.priority, rid in self._children, blocks)
+        if with_blocks is None:
+            # Waiting: what it needs to start.
+            return Entry(rid, family, req.priority, rid in self._children,
+                         blocks_for(req.num_tokens - req.num_computed_tokens + 1,
+                                    self.block_size))
+        seen = with_blocks.setdefault(family, set())
+        ids = set(self.kv_cache_manager.get_block_ids(rid)[0]) - seen
+        seen |= ids
+        return Entry(rid, family, req.priority, rid in self._children, len(ids))

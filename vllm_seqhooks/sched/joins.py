@@ -149,10 +149,9 @@ class JoinMixin:
         if node is not None and node.blocked_since is not None:
             self.metrics.observe_park(time.time() - node.blocked_since)
         suffix = self._text_codec().encode(hooks.merge_suffix) if hooks.merge_suffix else ()
-        merged, _children = self.deps.take_merge(
+        merged, child_ids = self.deps.take_merge(
             rid, st.separator, hooks.failed_child_marker_token_ids, suffix,
         )
-        self._observe_join(_children, len(merged))
         if hooks.merge_strategy == "none":
             merged = []
         node = self.deps.get(rid)
@@ -175,7 +174,7 @@ class JoinMixin:
             self._finish_after_join(st, merged, finish_status)
             return
         # Resume: [<sync>] + merged become prompt tokens; only they prefill.
-        if self._first_child_covers_merge(st, _children):
+        if self._first_child_covers_merge(st, child_ids):
             self._release_blocks(st)  # resume through the prefix cache
         if st.spilled_frontier is not None:
             req.num_computed_tokens = st.spilled_frontier

@@ -9,6 +9,7 @@ from collections import deque
 
 from vllm.v1.request import Request
 
+from vllm_seqhooks.child_queue import child_insert_index
 from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG, derive_seed
 from vllm_seqhooks.formats import ForkReached, child_prompt
 from vllm_seqhooks.join_plan import child_budget, promise_prompt, promise_prompt_len
@@ -126,14 +127,13 @@ class SpawningMixin:
         )
 
     def _queue_first(self, child: Request) -> None:
-        """Children are admitted before requests that have not started.
-
-        A parked parent holds KV blocks until its children finish; admitting
-        new parents ahead of waiting children fills the cache with parked
-        families whose children then run a few at a time. With FCFS the child
-        moves to the front of the waiting queue (with the priority policy its
-        parent's arrival time already orders it so)."""
+        """Children wait ahead of requests that have not started, family by
+        family (see :mod:`vllm_seqhooks.child_queue`). With the priority
+        policy the parent's arrival time already orders the child so."""
         queue = self.waiting
         if isinstance(queue, deque) and queue and queue[-1] is child:
             queue.pop()
-            queue.prepend_request(child)
+            children = self._children
+            queue.insert(child_insert_index(
+                ((r.request_id in children, r.arrival_time) for r in queue),
+                child.arrival_time), child)

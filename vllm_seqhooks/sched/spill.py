@@ -1,7 +1,7 @@
-"""KV pressure: a parked parent holds KV blocks its children may need; it is
-spilled (its blocks go back to the pool as prefix-cache entries) when
-nothing can run otherwise, or when children wait for blocks while it only
-waits. A spilled parent resumes through the prefix cache."""
+"""KV pressure: a parked parent holds KV blocks that waiting requests may
+need; it is spilled (its blocks go back to the pool as prefix-cache
+entries) when the next waiting request cannot get blocks. A spilled parent
+resumes through the prefix cache."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 
 from vllm.v1.request import RequestStatus
 
-from vllm_seqhooks.kv_admission import blocks_for
+from vllm_seqhooks.kv_blocks import blocks_for
 from vllm_seqhooks.sched.state import HookState
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
@@ -19,61 +19,28 @@ logger = logging.getLogger("vllm.seqhooks.scheduler")
 class SpillMixin:
     """Spills parked parents under KV pressure."""
 
-    def _child_left_waiting(self, out) -> bool:
-        """A child is still waiting although the step had room for it (token
-        budget and sequence slots): it did not get KV blocks."""
-        if out.total_num_scheduled_tokens >= self.max_num_scheduled_tokens:
-            return False
-        if len(self.running) >= self.max_num_running_reqs:
-            return False
-        for req in self.waiting:
-            if (req.status == RequestStatus.WAITING_FOR_STREAMING_REQ
-                    or req.request_id in self._held_this_step):
-                continue
-            return req.request_id in self._children
-        return False
-
     def _maybe_spill(self) -> None:
-        """Free the KV blocks of parked parents when nothing can run otherwise.
+        """Free the KV blocks of parked parents when the next waiting request
+        cannot get blocks.
 
-        A parked parent keeps its blocks; when no request is running and the
-        next waiting request cannot get blocks, the engine would spin forever.
-        Spilled blocks go back to the free pool as prefix-cache entries, so a
-        resumed parent recomputes only what was evicted in between.
+        A parked parent keeps its blocks so that it resumes on them, which
+        is right while the cache has room. When the request vLLM would admit
+        next (a child, a resumed parent or a new request) cannot get its
+        blocks, the most recently parked parents give theirs back, one by
+        one until it can: their full blocks stay in the prefix cache (the
+        ones their running children share stay in use), so a spilled parent
+        recomputes at its join only its last partial block and whatever
+        was evicted in between. A client-side loop frees every parent's
+        blocks at every round; this does it only under pressure. Without
+        it, with nothing running and every block parked, the engine would
+        spin forever.
         """
-        if self.running:
-            if self._children_starved:
-                self._spill_idle_holder()
+        if len(self.running) >= self.max_num_running_reqs or not self._waiting_needs_blocks():
             return
-        holders = self._holders()
-        if not holders:
-            return
-        if not self._waiting_needs_blocks():
-            return
-        # Spill the most recently parked first (its children are the newest).
-        for st in reversed(holders):
+        for st in reversed(self._holders()):
             self._spill(st)
             if not self._waiting_needs_blocks():
                 break
-
-    def _spill_idle_holder(self) -> None:
-        """Children wait for KV blocks while parked parents hold theirs:
-        spill one parked parent none of whose children has started (its
-        blocks only wait; they stay in the prefix cache for its children
-        and itself), skipping the parent of the first waiting child."""
-        head_parent = None
-        for req in self.waiting:
-            if req.status != RequestStatus.WAITING_FOR_STREAMING_REQ:
-                node = self.deps.get(req.request_id)
-                head_parent = node.parent_id if node is not None else None
-                break
-        for st in reversed(self._holders()):
-            node = self.deps.get(st.request.request_id)
-            if node is None or st.request.request_id == head_parent:
-                continue
-            if not any(self._started(cid) for cid in node.open_children):
-                self._spill(st)
-                return
 
     def _holders(self) -> list[HookState]:
         """Parked parents that hold KV blocks, oldest first."""
@@ -81,11 +48,6 @@ class SpillMixin:
                 if st.parked and st.spilled_frontier is None
                 and st.request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
                 and st.request.num_computed_tokens > 0]
-
-    def _started(self, child_id: str) -> bool:
-        child = self._children.get(child_id)
-        return child is not None and (child.num_computed_tokens > 0
-                                      or child.status == RequestStatus.RUNNING)
 
     def _waiting_needs_blocks(self) -> bool:
         head = None
