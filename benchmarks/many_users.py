@@ -11,8 +11,8 @@ off, 32 tokens) one after the other. Measured twice on the same server:
   sends its next bomb when one finishes).
 
 and on two servers started in the same run: ``limits off`` (the behaviour
-before family limits existed: fair share and memory-aware admission off,
-budgets and descendant limits out of reach) and ``limits on`` (the
+before family limits existed: fair share off, budgets and descendant
+limits out of reach) and ``limits on`` (the
 defaults). Reported: the plain requests' p50/p99 latency alone and beside
 the bombs, and what each bomb's family sampled (from its trace).
 
@@ -39,7 +39,7 @@ from vllm_seqhooks.testing.server import (
 SERVER_FLAGS = ["--max-num-seqs", "16", "--max-child-depth", "2",
                 "--max-children-per-request", "16", "--logits-processors", SCRIPTED]
 CONFIGS = {
-    "limits off": ["--fair-share", "off", "--memory-aware-admission", "off",
+    "limits off": ["--fair-share", "off",
                    "--family-token-factor", "1000000", "--max-descendants", "1000000",
                    "--max-live-children-per-family", "1000000"],
     "limits on": [],
@@ -158,8 +158,8 @@ def markdown(rows: list[dict], args, command: str) -> str:
         f"the other ({args.per_client} each), alone and then beside {args.bombs} "
         f"fork-bombing clients (16 promises, each child 16 more, grandchildren up to "
         f"{LEAF_TOKENS} tokens; `max_tokens` {BOMB_MAX_TOKENS}). `limits off`: fair share "
-        f"and memory-aware admission off, budgets out of reach (the behaviour before "
-        f"family limits); `limits on`: the defaults.",
+        f"off, budgets out of reach (the behaviour before family limits); `limits on`: "
+        f"the defaults.",
         "",
         "| config | plain p50 alone | p50 beside bombs | × | plain p99 alone | p99 beside bombs | × "
         "| bomb family sampled tokens (max) | descendants | bomb latency |",

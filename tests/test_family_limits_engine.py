@@ -309,9 +309,9 @@ def test_kv_pressure_every_family_finishes_children_wait_family_by_family(async_
     continuation) on a 24-block cache, where at most ~5 parents fit at once.
     Parked parents spill when the next waiting request cannot get blocks;
     every family gets the tokens of an unpressured run, nothing leaks. At
-    every step the children the scheduler queued (not yet preempted) wait
-    family by family, oldest family first, ahead of every request that has
-    not started."""
+    every step the waiting children, preempted ones included, wait family by
+    family, oldest family first, ahead of every request that has not
+    started."""
     h = SchedHarness(async_sched, num_blocks=24)
     for i in range(8):
         rid = f"f{i}"
@@ -326,11 +326,9 @@ def test_kv_pressure_every_family_finishes_children_wait_family_by_family(async_
         children = h.sched._children
         fresh_children, new_requests = [], []
         for k, req in enumerate(h.sched.waiting):
-            if req.num_preemptions:
-                continue
             if req.request_id in children:
                 fresh_children.append((k, family_of(req.request_id)))
-            elif not req.num_output_tokens:
+            elif not req.num_output_tokens and not req.num_preemptions:
                 new_requests.append(k)
         if fresh_children and new_requests:
             assert fresh_children[-1][0] < new_requests[0]

@@ -270,7 +270,7 @@ def test_help_lists_the_hook_flags():
                  "--max-child-depth", "--max-children-per-request", "--child-max-tokens",
                  "--family-token-factor", "--max-descendants",
                  "--max-live-children-per-family", "--max-live-children", "--child-timeout",
-                 "--family-timeout", "--fair-share", "--memory-aware-admission"):
+                 "--family-timeout", "--fair-share"):
         assert flag in r.stdout
 
 

@@ -220,6 +220,14 @@ class SeqHooksMixin(
         # slot. Parked parents do not: the worker dropped their state when
         # they parked (see _park). Counting them would keep their own
         # children out of the batch (deadlock with few slots).
+        if self._children and (self.kv_cache_manager.block_pool.get_num_free_blocks()
+                               < len(self.running)):
+            # Not a free block for each running request: vLLM may preempt
+            # this step, the last running request first (FCFS; the priority
+            # policy takes the latest arrival, a child's being its family's).
+            # In arrival order the newest family goes first and whole, and
+            # the context its children share is freed with it.
+            self.running.sort(key=_arrival)
         if self._children and self.hooks.fair_share and self.waiting:
             self._held_this_step.update(self._fair_share_holds())
         parked = self._num_parked
@@ -245,7 +253,10 @@ class SeqHooksMixin(
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any):
         self.metrics.inc("preemptions", 1)
-        return super()._preempt_request(request, *args, **kwargs)
+        out = super()._preempt_request(request, *args, **kwargs)
+        if request.request_id in self._children:
+            self._requeue_child(request)
+        return out
 
     # ---------------------------------------------------------------- state
 
@@ -315,6 +326,10 @@ class SeqHooksMixin(
             "child_deadlines": len(self._child_deadlines),
             "requests": len(self.requests),
         }
+
+
+def _arrival(request: Request) -> float:
+    return request.arrival_time
 
 
 def _order_by_family(num_scheduled_tokens: dict[str, int]) -> None:

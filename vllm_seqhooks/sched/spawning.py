@@ -133,7 +133,18 @@ class SpawningMixin:
         queue = self.waiting
         if isinstance(queue, deque) and queue and queue[-1] is child:
             queue.pop()
-            children = self._children
-            queue.insert(child_insert_index(
-                ((r.request_id in children, r.arrival_time) for r in queue),
-                child.arrival_time), child)
+            self._insert_child(queue, child)
+
+    def _requeue_child(self, child: Request) -> None:
+        """A preempted child (vLLM put it at the front of the queue) waits
+        at its family's place too."""
+        queue = self.waiting
+        if isinstance(queue, deque) and queue and queue[0] is child:
+            queue.popleft()
+            self._insert_child(queue, child)
+
+    def _insert_child(self, queue: deque, child: Request) -> None:
+        children = self._children
+        queue.insert(child_insert_index(
+            ((r.request_id in children, r.arrival_time) for r in queue),
+            child.arrival_time), child)
