@@ -216,10 +216,6 @@ class SeqHooksMixin(
         if self._families:
             self._enforce_limits()
         self._maybe_spill()
-        # vLLM counts parked streaming sessions as holding a model-runner
-        # slot. Parked parents do not: the worker dropped their state when
-        # they parked (see _park). Counting them would keep their own
-        # children out of the batch (deadlock with few slots).
         if self._children and (self.kv_cache_manager.block_pool.get_num_free_blocks()
                                < len(self.running)):
             # Not a free block for each running request: vLLM may preempt
@@ -230,6 +226,10 @@ class SeqHooksMixin(
             self.running.sort(key=_arrival)
         if self._children and self.hooks.fair_share and self.waiting:
             self._held_this_step.update(self._fair_share_holds())
+        # vLLM counts parked streaming sessions as holding a model-runner
+        # slot. Parked parents do not: the worker dropped their state when
+        # they parked (see _park). Counting them would keep their own
+        # children out of the batch (deadlock with few slots).
         parked = self._num_parked
         if parked:
             self.num_waiting_for_streaming_input -= parked
