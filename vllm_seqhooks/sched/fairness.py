@@ -11,7 +11,7 @@ import time
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.fair_share import Entry, plan
-from vllm_seqhooks.kv_blocks import blocks_for
+from vllm_seqhooks.kv_blocks import blocks_to_start
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -61,8 +61,8 @@ class FairShareMixin:
         if with_blocks is None:
             # Waiting: what it needs to start.
             return Entry(rid, family, req.priority, rid in self._children,
-                         blocks_for(req.num_tokens - req.num_computed_tokens + 1,
-                                    self.block_size))
+                         blocks_to_start(req.num_tokens, req.num_computed_tokens,
+                                         self.block_size))
         seen = with_blocks.setdefault(family, set())
         ids = set(self.kv_cache_manager.get_block_ids(rid)[0]) - seen
         seen |= ids

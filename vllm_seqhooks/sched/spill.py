@@ -9,7 +9,7 @@ import logging
 
 from vllm.v1.request import RequestStatus
 
-from vllm_seqhooks.kv_blocks import blocks_for
+from vllm_seqhooks.kv_blocks import blocks_to_start
 from vllm_seqhooks.sched.state import HookState
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
@@ -61,8 +61,7 @@ class SpillMixin:
                 break
         if head is None:
             return False
-        block_size = self.block_size
-        need = blocks_for(head.num_tokens - head.num_computed_tokens + 1, block_size)
+        need = blocks_to_start(head.num_tokens, head.num_computed_tokens, self.block_size)
         free = self.kv_cache_manager.block_pool.get_num_free_blocks()
         return free < need + 1
 
