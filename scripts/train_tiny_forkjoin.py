@@ -3,10 +3,10 @@
 
 ``--task promise`` (the default; ``vllm_seqhooks/data/forkjoin_model/``) and
 ``--task threadweaver`` (``vllm_seqhooks/data/threadweaver_model/``, the same
-sorting in ThreadWeaver's tag format, see ``vllm_seqhooks/threadweaver_task.py``
+sorting in ThreadWeaver's tag format, see ``vllm_seqhooks/tasks/threadweaver.py``
 and ``docs/threadweaver_model.md``) share everything below but the data.
 
-The promise task (``vllm_seqhooks/forkjoin_task.py``): sort up to 16 digits; lists of
+The promise task (``vllm_seqhooks/tasks/forkjoin.py``): sort up to 16 digits; lists of
 more than 4 digits are split by the model itself into ``<promise>`` chunks of 4,
 followed by ``<sync>``; the engine runs one child per chunk (payload context,
 prompt ``"sort {payload}="``), appends the sorted chunks after ``<sync>``, and
@@ -38,7 +38,7 @@ when greedy fork/join decoding writes the expected text.
     # writes vllm_seqhooks/data/threadweaver_model/
 
 The threadweaver task's sequences are laid out by the engine's own format code
-(``threadweaver_task.sequences``: child prompts by ``formats.child_prompt``,
+(``tasks.threadweaver.sequences``: child prompts by ``formats.tag_format.child_prompt``,
 merges by ``formats.merged_layout``); its tokenizer adds the ten tags as
 single tokens (ids 104..113).  A child row there is one child of a random
 problem longer than 4 digits (its prompt: the parent's context through
@@ -70,8 +70,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vllm_seqhooks import forkjoin_task  # noqa: E402
-from vllm_seqhooks import threadweaver_task  # noqa: E402
+from vllm_seqhooks.tasks import forkjoin as forkjoin_task  # noqa: E402
+from vllm_seqhooks.tasks import threadweaver as threadweaver_task  # noqa: E402
 from vllm_seqhooks.testing import tiny_model as tm  # noqa: E402
 
 ARCH = dict(
@@ -139,7 +139,7 @@ class PromiseTask:
     extra_tokens: tuple[str, ...] = ()
     child_frac = 0.2
     description = ("sort up to 16 digits; >4 digits: one <promise> per chunk of 4, <sync>, "
-                   "merge (vllm_seqhooks/forkjoin_task.py)")
+                   "merge (vllm_seqhooks/tasks/forkjoin.py)")
 
     def check_encoding(self) -> None:
         tok = tm.build_tokenizer()
@@ -175,7 +175,7 @@ class ThreadWeaverTask:
     child_frac = 0.3
     description = ("sort up to 16 digits in ThreadWeaver's format; >4 digits: one <Outline> "
                    "per chunk of 4, fork at </Outlines>, children <Thread>, <Conclusion> "
-                   "(vllm_seqhooks/threadweaver_task.py)")
+                   "(vllm_seqhooks/tasks/threadweaver.py)")
 
     def __init__(self) -> None:
         self.tokenizer = tm.build_tokenizer(self.extra_tokens)

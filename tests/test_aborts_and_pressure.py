@@ -70,7 +70,7 @@ def test_abort_parent_while_blocked(llms):
     roomy.llm_engine.add_request("blocked", "hello", long_child_params(
         S, "<promise>a</promise><promise>b</promise><sync>after"))
     step_until(roomy, lambda: sched.hook_state_sizes()["parked"] == 1)
-    assert len(sched._children) == 2
+    assert len(sched.fork_join.children) == 2
     roomy.llm_engine.abort_request(["blocked"])
     drain(roomy)
     assert idle(roomy)
@@ -84,8 +84,8 @@ def test_abort_parent_while_children_run(llms):
     sched = scheduler_of(roomy)
     roomy.llm_engine.add_request("running", "hello", long_child_params(
         S, "<promise>a</promise>" + "z" * 200))
-    step_until(roomy, lambda: len(sched._children) == 1)
-    step_until(roomy, lambda: any(r.num_output_tokens > 3 for r in sched._children.values()))
+    step_until(roomy, lambda: len(sched.fork_join.children) == 1)
+    step_until(roomy, lambda: any(r.num_output_tokens > 3 for r in sched.fork_join.children.values()))
     roomy.llm_engine.abort_request(["running"])
     drain(roomy)
     assert idle(roomy)
@@ -101,7 +101,7 @@ def test_aborted_child_never_blocks_its_parent(llms):
                       extra_args={"seqhooks_child_max_tokens": 300})
     roomy.llm_engine.add_request("victim-parent", "hello", params)
     step_until(roomy, lambda: sched.hook_state_sizes()["parked"] == 1)
-    (child1,) = [r for r in sched._children if r.endswith("child1")]
+    (child1,) = [r for r in sched.fork_join.children if r.endswith("child1")]
     engine_core_of(roomy).abort_requests([child1])
     outs = drain(roomy)
     final = [o for o in outs if o.finished]

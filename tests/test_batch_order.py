@@ -1,5 +1,5 @@
-"""The family grouping of the model's batch (pure logic) and the private vLLM
-API it and the scheduler rely on."""
+"""The family grouping of the model's batch: the pure order, the V1 runner's
+patch, the V2 runner's scheduler-side order."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from vllm_seqhooks.batch_order import family_of, grouping_swaps
-from vllm_seqhooks.dependencies import CHILD_ID_MARKER as M
+from vllm_seqhooks.core.batch_order import family_of, grouping_swaps
+from vllm_seqhooks.core.request_tree import CHILD_ID_MARKER as M
 
 
 def apply(ids, swaps):
@@ -58,37 +58,8 @@ def test_random_batches_end_contiguous_with_members_in_order(seed):
         assert [r for r in out if family_of(r) == f] == [r for r in ids if family_of(r) == f]
 
 
-def test_pinned_private_vllm_api_is_present():
-    """Fails loudly when vLLM changes under the pin: every private name the
-    scheduler and the batch grouping use, with its signature."""
-    from vllm_seqhooks import _vllm_private
-
-    assert _vllm_private.problems() == []
-    assert _vllm_private.model_runner_problems() == []
-    assert _vllm_private.v2_model_runner_problems() == []
-
-
-def test_a_changed_private_api_is_reported(monkeypatch):
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.worker.gpu_input_batch import InputBatch
-
-    from vllm_seqhooks import _vllm_private
-
-    monkeypatch.setattr(Scheduler, "_free_request", lambda self, request: None)
-    monkeypatch.setattr(InputBatch, "swap_states", lambda self, a, b: None)
-    from vllm.v1.worker.gpu import model_runner as v2
-
-    monkeypatch.setattr(v2, "sort_batch_req_ids", lambda reqs, drafts: list(reqs))
-    assert any("sort_batch_req_ids" in p for p in _vllm_private.v2_model_runner_problems())
-    assert any("_free_request" in p for p in _vllm_private.problems())
-    assert any("swap_states" in p for p in _vllm_private.model_runner_problems())
-    monkeypatch.setattr(_vllm_private, "_checked", False)
-    with pytest.raises(_vllm_private.VllmPrivateAPIError, match="_free_request"):
-        _vllm_private.check()
-
-
 def test_batch_order_setting_is_validated():
-    from vllm_seqhooks.config import SpecialKwargs, SpecialKwargsError
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
 
     assert SpecialKwargs(sync_token_id=1, promise_token_id=2).batch_order == "family"
     assert SpecialKwargs(sync_token_id=1, promise_token_id=2, batch_order="arrival").batch_order == "arrival"
@@ -130,7 +101,7 @@ class _FakeRunner:
     (None, False),
 ])
 def test_installed_model_runner_hook_groups_only_engines_that_ask(extra, grouped):
-    import vllm_seqhooks.worker  # noqa: F401 - importing installs the hook
+    import vllm_seqhooks.engine.worker  # noqa: F401 - importing installs the hook
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     assert getattr(GPUModelRunner._may_reorder_batch, "_seqhooks_family_order", False)
@@ -146,33 +117,34 @@ def test_installed_model_runner_hook_groups_only_engines_that_ask(extra, grouped
 
 
 def test_engines_with_hooks_load_the_worker_extension():
-    from vllm_seqhooks.config import SpecialKwargs
-    from vllm_seqhooks.llm import WORKER_EXTENSION_QUALNAME, engine_kwargs_for_hooks
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargs
+    from vllm_seqhooks.engine import WORKER_EXTENSION_CLASS_PATH
+    from vllm_seqhooks.engine.engine_args import hook_engine_args
 
     hooks = SpecialKwargs(sync_token_id=1, promise_token_id=2, merge_separator_token_ids=[3])
-    assert engine_kwargs_for_hooks(hooks, {})["worker_extension_cls"] == WORKER_EXTENSION_QUALNAME
+    assert hook_engine_args(hooks, {})["worker_extension_cls"] == WORKER_EXTENSION_CLASS_PATH
     # a user's own extension is kept (the scheduler then installs the order)
-    assert engine_kwargs_for_hooks(hooks, {"worker_extension_cls": "my.Ext"})[
+    assert hook_engine_args(hooks, {"worker_extension_cls": "my.Ext"})[
         "worker_extension_cls"] == "my.Ext"
-    module, name = WORKER_EXTENSION_QUALNAME.rsplit(".", 1)
+    module, name = WORKER_EXTENSION_CLASS_PATH.rsplit(".", 1)
     import importlib
 
     assert isinstance(getattr(importlib.import_module(module), name), type)
 
 
 @pytest.mark.parametrize("extension, batch_order, installs", [
-    ("vllm_seqhooks.worker.SeqHooksWorkerExtension", "family", False),  # the workers do it
+    ("vllm_seqhooks.engine.worker.SeqHooksWorkerExtension", "family", False),  # the workers do it
     ("my.own.Extension", "family", True),  # ours was replaced: the scheduler does it
     ("", "family", True),
     ("", "arrival", False),
 ])
 def test_scheduler_installs_the_order_only_without_our_worker_extension(
         monkeypatch, extension, batch_order, installs):
-    from vllm_seqhooks import _vllm_private
+    from vllm_seqhooks.engine import patches
     from vllm_seqhooks.testing import sched_setup
 
     calls = []
-    monkeypatch.setattr(_vllm_private, "install_family_batch_order", lambda: calls.append(1))
+    monkeypatch.setattr(patches, "install_worker_patches", lambda: calls.append(1))
     make_config = sched_setup.make_vllm_config
 
     def with_extension(*args, **kwargs):
@@ -234,7 +206,7 @@ def test_v2_runner_batches_keep_families_together(monkeypatch):
 
 
 def test_grouped_order():
-    from vllm_seqhooks.batch_order import grouped_order
+    from vllm_seqhooks.core.batch_order import grouped_order
 
     c = lambda p, i: f"{p}@seqhooks-child{i}"  # noqa: E731
     assert grouped_order(["a", "b", c("a", 0)]) == ["a", c("a", 0), "b"]

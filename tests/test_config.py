@@ -6,12 +6,9 @@ import json
 
 import pytest
 
-from vllm_seqhooks.config import (
-    SpecialKwargs,
-    SpecialKwargsError,
-    coerce_special_kwargs,
-)
-from vllm_seqhooks.request_keys import parse_request_overrides
+from vllm_seqhooks.config.presets import coerce_special_kwargs
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
+from vllm_seqhooks.config.request_keys import parse_request_overrides
 
 
 class FakeTokenizer:

@@ -1,13 +1,7 @@
-"""DependencyManager: the fork/join request tree."""
+"""RequestTree: the fork/join request tree."""
 
-from vllm_seqhooks.dependencies import (
-    ABORTED,
-    FAILED,
-    FINISHED,
-    MERGED,
-    DependencyManager,
-    build_trace,
-)
+from vllm_seqhooks.core.request_tree import ABORTED, FAILED, FINISHED, MERGED, RequestTree
+from vllm_seqhooks.core.trace import build_trace
 
 
 def make_family(dm):
@@ -20,7 +14,7 @@ def make_family(dm):
 
 
 def test_keys_depths_and_order():
-    dm = DependencyManager()
+    dm = RequestTree()
     a, b = make_family(dm)
     assert [dm.get(c).key for c in (a, b)] == ["0", "1"]
     g = dm.new_child_id(a)
@@ -31,7 +25,7 @@ def test_keys_depths_and_order():
 
 
 def test_join_waits_for_all_open_children():
-    dm = DependencyManager()
+    dm = RequestTree()
     a, b = make_family(dm)
     dm.block("p")
     assert dm.child_ended(a, FINISHED, [10, 11], "stop") is None
@@ -45,7 +39,7 @@ def test_join_waits_for_all_open_children():
 
 
 def test_unblocked_parent_is_not_reported_ready():
-    dm = DependencyManager()
+    dm = RequestTree()
     a, b = make_family(dm)
     dm.child_ended(a, FINISHED, [1], "stop")
     assert dm.child_ended(b, FINISHED, [2], "stop") is None  # parent not blocked
@@ -53,14 +47,14 @@ def test_unblocked_parent_is_not_reported_ready():
 
 
 def test_failed_children_contribute_marker_or_nothing():
-    dm = DependencyManager()
+    dm = RequestTree()
     a, b = make_family(dm)
     dm.block("p")
     dm.child_ended(a, FAILED, [5, 5], "error")
     dm.child_ended(b, FINISHED, [7], "stop")
     merged, _ = dm.take_merge("p", [0], failed_marker=[66])
     assert merged == [66, 0, 7]
-    dm2 = DependencyManager()
+    dm2 = RequestTree()
     a, b = make_family(dm2)
     dm2.child_ended(a, ABORTED, None, None)
     dm2.child_ended(b, FINISHED, [7], "stop")
@@ -68,7 +62,7 @@ def test_failed_children_contribute_marker_or_nothing():
 
 
 def test_a_child_ends_once():
-    dm = DependencyManager()
+    dm = RequestTree()
     a, _ = make_family(dm)
     dm.child_ended(a, FINISHED, [1], "stop")
     assert dm.child_ended(a, ABORTED, None, None) is None
@@ -76,7 +70,7 @@ def test_a_child_ends_once():
 
 
 def test_pop_tree_forgets_everything_and_trace():
-    dm = DependencyManager()
+    dm = RequestTree()
     a, b = make_family(dm)
     dm.block("p")
     dm.child_ended(a, FINISHED, [1], "stop")

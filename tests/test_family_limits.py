@@ -6,14 +6,15 @@ import math
 
 import pytest
 
-from vllm_seqhooks.config import (
+from vllm_seqhooks.config.special_kwargs import (
     SpecialKwargs,
     SpecialKwargsError,
 )
-from vllm_seqhooks.request_keys import parse_request_overrides
-from vllm_seqhooks.dependencies import HookNode, JoinRecord, family_usage
-from vllm_seqhooks.fair_share import Entry, plan
-from vllm_seqhooks.family import (
+from vllm_seqhooks.config.request_keys import parse_request_overrides
+from vllm_seqhooks.core.request_tree import HookNode, JoinRecord
+from vllm_seqhooks.core.trace import family_usage
+from vllm_seqhooks.core.fair_share import Entry, plan
+from vllm_seqhooks.core.family_limits import (
     DEADLINE,
     DESCENDANTS,
     ENGINE_LIVE,
@@ -231,7 +232,7 @@ def test_blocks_hold_a_family_back_only_for_a_request_a_share_could_hold():
 
 # ------------------------------------------------------------- child queue
 def test_children_wait_family_by_family_ahead_of_new_requests():
-    from vllm_seqhooks.child_queue import child_insert_index
+    from vllm_seqhooks.core.child_queue import child_insert_index
 
     # Queue: children of families arrived at 1.0 and 3.0, then a new request.
     waiting = [(True, 1.0), (True, 1.0), (True, 3.0), (False, 0.5)]

@@ -16,8 +16,8 @@ import pytest
 
 from vllm.v1.engine import FinishReason
 
-from vllm_seqhooks.batch_order import family_of
-from vllm_seqhooks.family import (
+from vllm_seqhooks.core.batch_order import family_of
+from vllm_seqhooks.core.family_limits import (
     CHILD_TIMEOUT,
     DEADLINE,
     DESCENDANTS,
@@ -235,7 +235,7 @@ class Clock:
 def timed_harness(async_sched, scripts, **kwargs):
     h = SchedHarness(async_sched, scripts=scripts, **kwargs)
     clock = Clock()
-    h.sched._clock = clock
+    h.sched.family_limits.clock = clock
     return h, clock
 
 
@@ -323,7 +323,7 @@ def test_kv_pressure_every_family_finishes_children_wait_family_by_family(async_
 
     def check_queue() -> bool:
         nonlocal grouped
-        children = h.sched._children
+        children = h.sched.fork_join.children
         fresh_children, new_requests = [], []
         for k, req in enumerate(h.sched.waiting):
             if req.request_id in children:

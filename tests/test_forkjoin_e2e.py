@@ -42,7 +42,7 @@ def assert_engine_idle(llm):
 
 
 def test_scheduler_in_engine_is_ours(engines):
-    from vllm_seqhooks.scheduler import SeqHooksSyncScheduler
+    from vllm_seqhooks.engine.scheduler import SeqHooksSyncScheduler
     from vllm_seqhooks.testing.forkjoin import scheduler_of
 
     hooked, stock, _ = engines
@@ -321,7 +321,7 @@ def test_families_are_contiguous_in_the_model_batch(engines):
     arrival order interleaves families (child 0 of each, then child 1 ...);
     with batch_order="family" (the default) the model runner's batch keeps
     each family together, and the outputs are unchanged."""
-    from vllm_seqhooks.batch_order import family_of
+    from vllm_seqhooks.core.batch_order import family_of
     from vllm_seqhooks.testing.forkjoin import model_runner_of
 
     hooked, stock, S = engines

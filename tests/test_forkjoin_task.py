@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from vllm_seqhooks import forkjoin_task as task
+from vllm_seqhooks.tasks import forkjoin as task
 
 # ---------------------------------------------------------------- generator
 
@@ -78,7 +78,7 @@ def test_summarize():
 
 
 def test_hook_settings_match_tokenizer():
-    from vllm_seqhooks.config import SpecialKwargs
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargs
     from vllm_seqhooks.testing.tiny_model import build_tokenizer
 
     hooks = SpecialKwargs(**task.hook_settings())
@@ -109,7 +109,7 @@ def test_trained_model_end_to_end_native_and_client_loop():
     from vllm import SamplingParams
 
     from vllm_seqhooks import LLM
-    from vllm_seqhooks.client_loop import ClientLoop
+    from vllm_seqhooks.loops.promise_loop import ClientLoop
 
     # Two problems per fan-out (0, 2, 3, 4 promises), from the held-out stream.
     pool = task.heldout_problems(200, seed=12345)
@@ -220,6 +220,11 @@ def test_readme_main_command_runs(extra):
     if not extra:
         assert "5/5 correct" in proc.stdout, proc.stdout[-2000:]
     assert "<sync>" in proc.stdout and "join of" in proc.stdout, proc.stdout[-2000:]
+    # The engine is shut down before the interpreter exits: no warning that
+    # reads like a crash (vLLM force-killing EngineCore, "exited unexpectedly").
+    output = proc.stdout + proc.stderr
+    for crash_like in ("[shutdown]", "force killing", "exited unexpectedly", "Traceback"):
+        assert crash_like not in output, output[-2000:]
 
 
 @pytest.mark.slow

@@ -11,21 +11,16 @@ import random
 
 import pytest
 
-from vllm_seqhooks.config import SpecialKwargs, SpecialKwargsError
-from vllm_seqhooks.formats import (
-    EndTagReached,
-    ForkReached,
-    TagFormat,
-    TagFormatError,
-    TagFormatScanner,
-    TextCodec,
-    child_prompt,
-    merged_layout,
-)
-from vllm_seqhooks.presets import PRESETS, expand
-from vllm_seqhooks.tag_scan import TagScanner
-from vllm_seqhooks.token_bytes import token_bytes_table
-from vllm_seqhooks.tokens import PromiseIgnored
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
+from vllm_seqhooks.core.join_plan import merged_layout
+from vllm_seqhooks.formats.events import EndTagReached, ForkReached
+from vllm_seqhooks.formats.tag_format import TagFormat, TagFormatError, child_prompt
+from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
+from vllm_seqhooks.formats.text_codec import TextCodec
+from vllm_seqhooks.config.presets import PRESETS, expand
+from vllm_seqhooks.formats.tag_scan import TagScanner
+from vllm_seqhooks.formats.token_bytes import token_bytes_table
+from vllm_seqhooks.formats.events import PromiseIgnored
 
 TAG_PRESETS = [name for name in PRESETS if "fork_tag" in PRESETS[name]]
 ALL_TAGS = sorted({v for name in TAG_PRESETS for k, v in PRESETS[name].items()

@@ -8,8 +8,8 @@ import pytest
 
 from vllm.v1.engine import FinishReason
 
-from vllm_seqhooks.config import SpecialKwargs
-from vllm_seqhooks.presets import expand
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs
+from vllm_seqhooks.config.presets import expand
 from vllm_seqhooks.testing.sched_harness import EOS_ID as EOS
 from vllm_seqhooks.testing.sched_harness import SchedHarness, child_id
 from vllm_seqhooks.testing.tiny_model import build_tokenizer

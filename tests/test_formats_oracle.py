@@ -1,5 +1,5 @@
 """Each preset through ``vllm_seqhooks.LLM`` against its own inference loop
-over stock vLLM (:class:`~vllm_seqhooks.format_loop.FormatLoop`): the same
+over stock vLLM (:class:`~vllm_seqhooks.loops.format_loop.FormatLoop`): the same
 tokens, greedy, on the tiny model with scripted tokens (every tag is several
 tokens of its character tokenizer)."""
 
@@ -73,7 +73,7 @@ def native(request, in_process, tiny_model_dir):
 
 
 def test_native_equals_the_formats_own_loop(native, stock):
-    from vllm_seqhooks.format_loop import FormatLoop
+    from vllm_seqhooks.loops.format_loop import FormatLoop
     from vllm_seqhooks.testing.forkjoin import Scripts, scheduler_of
 
     name, spec, llm = native
@@ -99,7 +99,7 @@ def test_presets_by_name_with_llm(tiny_model_dir):
     """``special_kwargs="threadweaver"``: the preset's tags resolve through
     the model's tokenizer; a tag it cannot write fails before the engine
     starts."""
-    from vllm_seqhooks.config import SpecialKwargsError
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargsError
     from vllm_seqhooks.llm import LLM
 
     with pytest.raises(SpecialKwargsError, match="fork_tag '</Outlinés>' cannot be written"):

@@ -1,11 +1,12 @@
-"""The pure decisions around a fork and a join (vllm_seqhooks.join_plan,
-vllm_seqhooks.request_hooks)."""
+"""The pure decisions around a fork and a join (vllm_seqhooks.core.join_plan,
+vllm_seqhooks.core.request_hooks)."""
 
 from __future__ import annotations
 
-from vllm_seqhooks.config import SpecialKwargs
-from vllm_seqhooks.formats import TagFormatScanner, TextCodec
-from vllm_seqhooks.join_plan import (
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs
+from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
+from vllm_seqhooks.formats.text_codec import TextCodec
+from vllm_seqhooks.core.join_plan import (
     child_budget,
     contribution,
     first_child_covers,
@@ -14,9 +15,10 @@ from vllm_seqhooks.join_plan import (
     promise_prompt_len,
     resumes,
 )
-from vllm_seqhooks.presets import expand
-from vllm_seqhooks.request_hooks import new_scanner, request_hooks
-from vllm_seqhooks.tokens import SpecialTokenProcessor
+from vllm_seqhooks.config.presets import expand
+from vllm_seqhooks.core.request_hooks import request_hooks
+from vllm_seqhooks.formats.request_scanner import request_scanner
+from vllm_seqhooks.formats.promise import PromiseScanner
 
 PROMISE = SpecialKwargs(sync_token_id=6, promise_token_id=4, promise_end_token_id=5)
 TAGS = SpecialKwargs(**expand("threadweaver"))
@@ -66,12 +68,12 @@ def test_promise_prompts():
 def test_request_hooks_and_scanners():
     rh = request_hooks(PROMISE, {"max_children_per_request": 3}, depth=0)
     assert (rh.may_spawn, rh.max_children, rh.child_max_tokens) == (True, 3, None)
-    assert isinstance(new_scanner(PROMISE, rh, codec), SpecialTokenProcessor)
+    assert isinstance(request_scanner(PROMISE, rh, codec), PromiseScanner)
     child = request_hooks(PROMISE, {}, depth=1)  # max_child_depth 1
-    assert not child.may_spawn and new_scanner(PROMISE, child, codec) is None
+    assert not child.may_spawn and request_scanner(PROMISE, child, codec) is None
     # A tag format's child at the depth limit still ends at its end tag.
     tw_child = request_hooks(TAGS, {"child_max_tokens": 5}, depth=1)
-    scanner = new_scanner(TAGS, tw_child, codec)
+    scanner = request_scanner(TAGS, tw_child, codec)
     assert isinstance(scanner, TagFormatScanner) and scanner.fork_index == -1
     assert tw_child.child_max_tokens == 5
-    assert new_scanner(TAGS, request_hooks(TAGS, {"max_children_per_request": 0}, 0), codec) is None
+    assert request_scanner(TAGS, request_hooks(TAGS, {"max_children_per_request": 0}, 0), codec) is None

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 
-from vllm_seqhooks.metrics import PARK_BUCKETS, HookMetrics, SnapshotCollector, read_snapshots
+from vllm_seqhooks.engine.metrics import PARK_BUCKETS, HookMetrics, SnapshotCollector, read_snapshots
 
 
 def test_snapshot_round_trip_and_throttle(tmp_path):

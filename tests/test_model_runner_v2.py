@@ -209,10 +209,10 @@ def test_scripted_processor_for():
         LogitsProcessor as V2Interface,
     )
 
+    from vllm_seqhooks.testing.forkjoin import scripted_processor_for
     from vllm_seqhooks.testing.scripted import (
         SCRIPTED_LOGITS_PROCESSOR_FQCN,
         SCRIPTED_LOGITS_PROCESSOR_V2_FQCN,
-        scripted_processor_for,
     )
 
     v1, v2 = scripted_processor_for(False), scripted_processor_for(True)

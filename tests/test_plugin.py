@@ -25,7 +25,8 @@ def test_entry_point_is_registered():
 def test_register_is_idempotent():
     from vllm.engine.arg_utils import EngineArgs
 
-    from vllm_seqhooks.plugin import add_hook_arguments, register
+    from vllm_seqhooks.plugin import register
+    from vllm_seqhooks.engine.serve_flags import add_hook_arguments
 
     register()
     first = EngineArgs.add_cli_args
@@ -46,11 +47,11 @@ def test_no_hook_flag_changes_nothing(tiny_model_dir):
 def test_flags_become_the_python_configuration(tiny_model_dir, monkeypatch, tmp_path):
     # parsing hook flags names a metrics directory in os.environ: keep it
     # out of the servers later tests start (monkeypatch restores it)
-    from vllm_seqhooks.metrics import ENV_DIR
+    from vllm_seqhooks.engine.metrics import ENV_DIR
 
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     from vllm_seqhooks import SpecialKwargs
-    from vllm_seqhooks.llm import SCHEDULER_QUALNAME
+    from vllm_seqhooks.engine import SCHEDULER_CLASS_PATH
 
     ns = serve_parser().parse_args([
         tiny_model_dir, "--sync-token", "<sync>", "--promise-token-id", "4",
@@ -59,8 +60,8 @@ def test_flags_become_the_python_configuration(tiny_model_dir, monkeypatch, tmp_
         "--child-max-tokens", "64", "--merge-separator", " | ", "--batch-order", "arrival",
         "--additional-config", '{"other": 1}',
     ])
-    assert ns.scheduler_cls == SCHEDULER_QUALNAME
-    assert ns.worker_extension_cls == "vllm_seqhooks.worker.SeqHooksWorkerExtension"
+    assert ns.scheduler_cls == SCHEDULER_CLASS_PATH
+    assert ns.worker_extension_cls == "vllm_seqhooks.engine.worker.SeqHooksWorkerExtension"
     assert ns.additional_config["other"] == 1
     got = SpecialKwargs.from_additional_config(ns.additional_config)
     assert (got.sync_token_id, got.promise_token_id, got.promise_end_token_id) == (6, 4, 5)
@@ -71,12 +72,12 @@ def test_flags_become_the_python_configuration(tiny_model_dir, monkeypatch, tmp_
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     args = AsyncEngineArgs.from_cli_args(ns)
-    assert args.scheduler_cls == SCHEDULER_QUALNAME
+    assert args.scheduler_cls == SCHEDULER_CLASS_PATH
     assert args.additional_config["seqhooks"] == got.to_dict()
 
 
 def test_conflicting_scheduler_is_an_error(tiny_model_dir, capsys, monkeypatch, tmp_path):
-    from vllm_seqhooks.metrics import ENV_DIR
+    from vllm_seqhooks.engine.metrics import ENV_DIR
 
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     with pytest.raises(SystemExit) as exc:
@@ -88,7 +89,7 @@ def test_conflicting_scheduler_is_an_error(tiny_model_dir, capsys, monkeypatch, 
 
 
 def test_kv_transfer_config_with_hooks_is_an_error(tiny_model_dir, capsys, monkeypatch, tmp_path):
-    from vllm_seqhooks.metrics import ENV_DIR
+    from vllm_seqhooks.engine.metrics import ENV_DIR
 
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     with pytest.raises(SystemExit) as exc:
@@ -104,9 +105,9 @@ def test_kv_transfer_config_with_hooks_is_an_error(tiny_model_dir, capsys, monke
 def test_hook_flags_round_trip(tiny_model_dir, monkeypatch, tmp_path):
     """The flags hook_flags() writes parse back to the same settings."""
     from vllm_seqhooks import SpecialKwargs
-    from vllm_seqhooks import forkjoin_task as task
-    from vllm_seqhooks.metrics import ENV_DIR
-    from vllm_seqhooks.plugin import hook_flags
+    from vllm_seqhooks.tasks import forkjoin as task
+    from vllm_seqhooks.engine.metrics import ENV_DIR
+    from vllm_seqhooks.engine.serve_flags import hook_flags
 
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     settings = task.hook_settings()
@@ -117,8 +118,8 @@ def test_hook_flags_round_trip(tiny_model_dir, monkeypatch, tmp_path):
 
 def test_limit_flags_become_the_configuration(tiny_model_dir, monkeypatch, tmp_path):
     from vllm_seqhooks import SpecialKwargs
-    from vllm_seqhooks.metrics import ENV_DIR
-    from vllm_seqhooks.plugin import hook_flags
+    from vllm_seqhooks.engine.metrics import ENV_DIR
+    from vllm_seqhooks.engine.serve_flags import hook_flags
 
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     settings = {"family_token_factor": 4, "max_descendants": 30,
@@ -142,7 +143,7 @@ def test_limit_flags_become_the_configuration(tiny_model_dir, monkeypatch, tmp_p
 ])
 def test_bad_limit_flags_exit_with_a_clear_message(tiny_model_dir, capsys, monkeypatch,
                                                    tmp_path, flags, message):
-    from vllm_seqhooks.metrics import ENV_DIR
+    from vllm_seqhooks.engine.metrics import ENV_DIR
 
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     with pytest.raises(SystemExit) as exc:
@@ -157,14 +158,14 @@ def test_seqhooks_format_flag_and_tag_overrides(tiny_model_dir, monkeypatch, tmp
     """``vllm serve MODEL --seqhooks NAME``: the preset; the tag flags
     override its fields."""
     from vllm_seqhooks import SpecialKwargs
-    from vllm_seqhooks.metrics import ENV_DIR
-    from vllm_seqhooks.presets import expand
+    from vllm_seqhooks.engine.metrics import ENV_DIR
+    from vllm_seqhooks.config.presets import expand
 
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     ns = serve_parser().parse_args([tiny_model_dir, "--seqhooks", name])
     got = SpecialKwargs.from_additional_config(ns.additional_config)
     assert got.tag_format == SpecialKwargs(**expand(name)).tag_format
-    assert ns.scheduler_cls == "vllm_seqhooks.scheduler.SeqHooksScheduler"
+    assert ns.scheduler_cls == "vllm_seqhooks.engine.scheduler.SeqHooksScheduler"
     ns = serve_parser().parse_args([tiny_model_dir, "--seqhooks", name, "--merge-suffix", "\n",
                                     "--fork-min-tokens", "7", "--child-eos-text", "</X>"])
     got = SpecialKwargs.from_additional_config(ns.additional_config)
@@ -173,7 +174,7 @@ def test_seqhooks_format_flag_and_tag_overrides(tiny_model_dir, monkeypatch, tmp
 
 def test_tag_format_flags_alone(tiny_model_dir, monkeypatch, tmp_path):
     from vllm_seqhooks import SpecialKwargs
-    from vllm_seqhooks.metrics import ENV_DIR
+    from vllm_seqhooks.engine.metrics import ENV_DIR
 
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     ns = serve_parser().parse_args([tiny_model_dir, "--fork-tag", "<P>", "--fork-count", "3",
@@ -192,7 +193,7 @@ def test_tag_format_flags_alone(tiny_model_dir, monkeypatch, tmp_path):
 ])
 def test_bad_tag_format_flags_exit_with_a_clear_message(tiny_model_dir, capsys, monkeypatch,
                                                         tmp_path, flags, message):
-    from vllm_seqhooks.metrics import ENV_DIR
+    from vllm_seqhooks.engine.metrics import ENV_DIR
 
     monkeypatch.setenv(ENV_DIR, str(tmp_path))
     with pytest.raises(SystemExit) as exc:

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from vllm_seqhooks.config import SpecialKwargs, SpecialKwargsError, coerce_special_kwargs
-from vllm_seqhooks.presets import MODEL_FILE, expand
+from vllm_seqhooks.config.presets import coerce_special_kwargs
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
+from vllm_seqhooks.config.presets import MODEL_FILE, expand
 
 
 def test_promise_preset_is_the_seeds_protocol():
@@ -56,10 +57,10 @@ def test_bad_specs_say_what_is_wrong(tmp_path, spec, content, match):
 
 def test_embedded_model_carries_the_settings_it_was_trained_with():
     """``"auto"`` on the embedded model resolves to the ids and texts of
-    ``forkjoin_task.hook_settings()``."""
+    ``tasks.forkjoin.hook_settings()``."""
     from transformers import AutoTokenizer
 
-    from vllm_seqhooks import forkjoin_task as task
+    from vllm_seqhooks.tasks import forkjoin as task
 
     shipped = json.loads((task.model_dir() / MODEL_FILE).read_text())
     assert shipped == task.MODEL_SETTINGS

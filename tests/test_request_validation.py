@@ -30,7 +30,7 @@ def _params(**kwargs):
 
 
 def test_check_request_names_the_field():
-    from vllm_seqhooks.validation import check_request
+    from vllm_seqhooks.engine.validation import check_request
 
     check_request(_params())
     with pytest.raises(ValueError, match="logprobs"):
@@ -42,8 +42,8 @@ def test_check_request_names_the_field():
 
 
 def test_unknown_request_keys_are_refused_naming_the_known_ones():
-    from vllm_seqhooks.request_keys import REQUEST_OVERRIDE_KEYS
-    from vllm_seqhooks.validation import check_request
+    from vllm_seqhooks.config.request_keys import REQUEST_OVERRIDE_KEYS
+    from vllm_seqhooks.engine.validation import check_request
 
     with pytest.raises(ValueError) as exc:
         check_request(_params(extra_args={"seqhooks_child_max_token": 4, "other_plugin": 1}))
@@ -57,31 +57,16 @@ def test_unknown_request_keys_are_refused_naming_the_known_ones():
                                       "seqhooks_script": [1], "seqhooks_step_delay_ms": 1}))
 
 
-def test_frontend_private_api_is_present():
-    from vllm_seqhooks import _vllm_private
-
-    assert _vllm_private.input_processor_problems() == []
-
-
-def test_a_changed_frontend_api_is_reported(monkeypatch):
-    from vllm.v1.engine.input_processor import InputProcessor
-
-    from vllm_seqhooks import _vllm_private
-
-    monkeypatch.setattr(InputProcessor, "_validate_params", lambda self, params: None)
-    assert any("_validate_params" in p for p in _vllm_private.input_processor_problems())
-
-
 @pytest.mark.parametrize("v2", [False, True], ids=["v1-runner", "v2-runner"])
 @pytest.mark.parametrize("hooks", [True, False], ids=["hooks", "stock"])
 def test_input_processor_validates_only_engines_with_hooks(monkeypatch, v2, hooks):
     from vllm.exceptions import VLLMValidationError
     from vllm.v1.engine.input_processor import InputProcessor
 
-    from vllm_seqhooks import _vllm_private
+    from vllm_seqhooks.engine import vllm_private
 
     _v2_config_without_triton(monkeypatch, v2)
-    _vllm_private.install_request_validator()
+    vllm_private.install_request_validator()
     config = make_vllm_config(False, hooks={} if hooks else None)
     assert config.use_v2_model_runner is v2
     processor = InputProcessor(config)
@@ -105,21 +90,21 @@ def test_hook_engine_arguments_pass_vllms_logits_processor_loaders(tiny_model_di
         build_custom_logits_processors_params_validator,
     )
 
-    from vllm_seqhooks.config import SpecialKwargs
-    from vllm_seqhooks.llm import engine_kwargs_for_hooks
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargs
+    from vllm_seqhooks.engine.engine_args import hook_engine_args
 
     hooks = SpecialKwargs(sync_token_id=6, promise_token_id=4, merge_separator_token_ids=(8,))
     for user in (None, [], ["my.module:Proc"]):
         given = {} if user is None else {"logits_processors": user}
-        kwargs = engine_kwargs_for_hooks(hooks, given)
+        kwargs = {**given, **hook_engine_args(hooks, given)}
         assert kwargs.get("logits_processors") == user
-    kwargs = engine_kwargs_for_hooks(hooks, {})
+    kwargs = hook_engine_args(hooks, {})
     build_custom_logits_processors_params_validator(kwargs.get("logits_processors"))(_params())
     validate_logits_processors_parameters(kwargs.get("logits_processors"), _params())
 
 
 def test_v2_config_builds_the_hook_scheduler(monkeypatch):
-    from vllm_seqhooks.scheduler import SeqHooksAsyncScheduler, SeqHooksSyncScheduler
+    from vllm_seqhooks.engine.scheduler import SeqHooksAsyncScheduler, SeqHooksSyncScheduler
 
     _v2_config_without_triton(monkeypatch)
     for async_sched, cls in ((False, SeqHooksSyncScheduler), (True, SeqHooksAsyncScheduler)):
@@ -149,7 +134,7 @@ def test_plugin_installs_the_check_when_the_frontend_is_imported():
 
 
 def test_when_imported_runs_after_the_import(tmp_path, monkeypatch):
-    from vllm_seqhooks.post_import import when_imported
+    from vllm_seqhooks.engine.post_import import when_imported
 
     (tmp_path / "seqhooks_probe_mod.py").write_text("VALUE = 41\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -174,9 +159,9 @@ def test_when_imported_runs_after_the_import(tmp_path, monkeypatch):
 def test_hooks_refuse_kv_connectors():
     from vllm.config import KVTransferConfig
 
-    from vllm_seqhooks.config import SpecialKwargs
-    from vllm_seqhooks.llm import engine_kwargs_for_hooks
-    from vllm_seqhooks.scheduler import unsupported_engine
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargs
+    from vllm_seqhooks.engine.engine_args import hook_engine_args
+    from vllm_seqhooks.engine.engine_support import unsupported_engine
 
     config = make_vllm_config(False, hooks={})
     assert unsupported_engine(config) is None
@@ -185,7 +170,7 @@ def test_hooks_refuse_kv_connectors():
     assert "kv_transfer_config" in unsupported_engine(config)
     hooks = SpecialKwargs(sync_token_id=6, promise_token_id=4, merge_separator_token_ids=(8,))
     with pytest.raises(ValueError, match="kv_transfer_config"):
-        engine_kwargs_for_hooks(hooks, {"kv_transfer_config": {"kv_connector": "X"}})
+        hook_engine_args(hooks, {"kv_transfer_config": {"kv_connector": "X"}})
 
 
 def test_hooks_refuse_models_with_recurrent_state():
@@ -194,7 +179,7 @@ def test_hooks_refuse_models_with_recurrent_state():
     import torch
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
 
-    from vllm_seqhooks.scheduler import SeqHooksScheduler
+    from vllm_seqhooks.engine.scheduler import SeqHooksScheduler
     from vllm_seqhooks.testing.sched_harness import make_kv_cache_config
 
     config = make_vllm_config(False, hooks={})

@@ -852,13 +852,13 @@ def _idle_holder_run(async_sched: bool, num_blocks: int):
     h = SchedHarness(async_sched, block_size=16, num_blocks=num_blocks, max_model_len=160,
                      max_num_seqs=16, max_num_batched_tokens=512, include_finished_set=True)
     spills = []
-    spill = h.sched._spill
+    spill = h.sched.kv_pressure.spill
 
     def spy(st):
         spills.append((st.request.request_id, len(h.sched.running)))
         return spill(st)
 
-    h.sched._spill = spy
+    h.sched.kv_pressure.spill = spy
     initial_free = h.free_blocks()
     for i, rid in enumerate(("a", "b", "c", "d")):
         h.add(rid, prompt(64, base=30 + i), max_tokens=40,
@@ -1142,7 +1142,7 @@ def test_no_hook_tokens_matches_stock_scheduler(async_sched, num_blocks):
         _stock_workload(h)
         h.run(max_steps=400)
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-    from vllm_seqhooks.scheduler import SeqHooksAsyncScheduler, SeqHooksSyncScheduler
+    from vllm_seqhooks.engine.scheduler import SeqHooksAsyncScheduler, SeqHooksSyncScheduler
 
     expected_cls = SeqHooksAsyncScheduler if async_sched else SeqHooksSyncScheduler
     assert type(hooked.sched) is expected_cls

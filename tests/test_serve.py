@@ -343,7 +343,7 @@ def test_adversarial_request_values_answer_400_and_serving_goes_on(server, clien
     when the value reaches our validation), the server keeps serving and
     nothing leaks."""
     from benchmarks.serve_load import wait_drained
-    from vllm_seqhooks.request_keys import REQUEST_OVERRIDE_KEYS
+    from vllm_seqhooks.config.request_keys import REQUEST_OVERRIDE_KEYS
 
     url = server[0]
     kinds = {None: "bool", "text": "text", "seconds": "seconds"}

@@ -1,5 +1,5 @@
 """The second embedded model: digit sorting in ThreadWeaver's tag format
-(``vllm_seqhooks/threadweaver_task.py``, ``vllm_seqhooks/data/threadweaver_model``).
+(``vllm_seqhooks/tasks/threadweaver.py``, ``vllm_seqhooks/data/threadweaver_model``).
 
 Pure: the training sequences are what the engine builds (child prompts,
 merges, the fork and end tags as its scanner finds them), with the tokenizer
@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from vllm_seqhooks import threadweaver_task as task
+from vllm_seqhooks.tasks import threadweaver as task
 from vllm_seqhooks.testing import tiny_model as tm
 
 # ------------------------------------------------------------------ pure
@@ -65,13 +65,10 @@ def test_sequences_are_the_engines_layout(codec):
     item plus what the child writes; the parent's is its context, the
     engine's merge and its conclusion; the loss covers only sampled tokens;
     and the engine's scanners fork and stop exactly where the texts say."""
-    from vllm_seqhooks.formats import (
-        EndTagReached,
-        ForkReached,
-        TagFormatScanner,
-        child_prompt,
-        merged_layout,
-    )
+    from vllm_seqhooks.core.join_plan import merged_layout
+    from vllm_seqhooks.formats.events import EndTagReached, ForkReached
+    from vllm_seqhooks.formats.tag_format import child_prompt
+    from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
 
     fmt = task.tag_format()
     assert fmt.fork_tag == "</Outlines>" and fmt.child_end_tag == "</Thread>"
@@ -118,8 +115,8 @@ def test_shipped_model_files_and_settings(codec):
     is the one training used."""
     from transformers import AutoTokenizer
 
-    from vllm_seqhooks.config import SpecialKwargs
-    from vllm_seqhooks.presets import expand
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargs
+    from vllm_seqhooks.config.presets import expand
 
     d = task.model_dir()
     for f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
@@ -156,7 +153,7 @@ def test_llm_auto_answers_and_equals_the_format_loop():
     from vllm import SamplingParams
 
     from vllm_seqhooks import LLM
-    from vllm_seqhooks.format_loop import FormatLoop
+    from vllm_seqhooks.loops.format_loop import FormatLoop
 
     problems = task.heldout_problems(50)
     assert {len(p.chunks) for p in problems} == {0, 2, 3, 4}

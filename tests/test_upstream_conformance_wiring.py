@@ -32,7 +32,7 @@ def test_substitution_puts_hook_schedulers_where_upstream_imports_vllms():
     plugin = _load("seqhooks_conformance_plugin")
     import vllm.v1.core.sched.async_scheduler as async_mod
     import vllm.v1.core.sched.scheduler as sched_mod
-    from vllm_seqhooks.scheduler import (
+    from vllm_seqhooks.engine.scheduler import (
         SeqHooksAsyncScheduler,
         SeqHooksMixin,
         SeqHooksSyncScheduler,
@@ -69,7 +69,7 @@ def test_substitution_puts_hook_schedulers_where_upstream_imports_vllms():
 
 def test_injected_hook_config_is_resolved_and_keeps_other_keys():
     plugin = _load("seqhooks_conformance_plugin")
-    from vllm_seqhooks.config import ADDITIONAL_CONFIG_KEY, SpecialKwargs
+    from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY, SpecialKwargs
 
     config = plugin.hooks_config_dict()
     hooks = SpecialKwargs.from_dict(config)

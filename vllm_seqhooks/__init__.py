@@ -4,8 +4,8 @@
 not import vLLM; ``LLM`` is loaded on first use.
 """
 
-from vllm_seqhooks.config import SpecialKwargs, SpecialKwargsError
-from vllm_seqhooks.trace import format_tree, get_hook_trace
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
+from vllm_seqhooks.core.trace import format_tree, get_hook_trace
 
 __version__ = "0.1.0"
 

@@ -9,7 +9,7 @@ request per chunk and merges the sorted chunks after ``<sync>``; the parent
 then writes the merged list.  For each problem it prints the model's text, the
 answer, whether it is correct, and the fork/join tree.
 
-``--scripted`` runs the older demo instead: a tiny random-weight model whose
+``--scripted`` runs a scripted demo instead: a tiny random-weight model whose
 hook tokens are forced by a scripted logits processor.
 """
 
@@ -52,7 +52,7 @@ def default_model_dir() -> Path:
 def demo_problems(seed: int, lengths=DEMO_LENGTHS):
     import random
 
-    from vllm_seqhooks.forkjoin_task import Problem
+    from vllm_seqhooks.tasks.forkjoin import Problem
 
     rng = random.Random(seed)
     return [Problem("".join(rng.choice("0123456789") for _ in range(n))) for n in lengths]
@@ -62,7 +62,7 @@ def trained_demo(args: argparse.Namespace) -> int:
     from vllm import SamplingParams
 
     from vllm_seqhooks import LLM, format_tree
-    from vllm_seqhooks import forkjoin_task as task
+    from vllm_seqhooks.tasks import forkjoin as task
 
     model = Path(args.model or task.model_dir())
     if not (model / "model.safetensors").is_file():
@@ -77,8 +77,11 @@ def trained_demo(args: argparse.Namespace) -> int:
     llm = LLM(str(model), special_kwargs="auto", **task.ENGINE_KWARGS)
     params = SamplingParams(temperature=0.0, max_tokens=task.PARENT_MAX_TOKENS)
     t0 = time.perf_counter()
-    outputs = llm.generate([p.prompt for p in problems], params, use_tqdm=False)
-    elapsed = time.perf_counter() - t0
+    try:
+        outputs = llm.generate([p.prompt for p in problems], params, use_tqdm=False)
+        elapsed = time.perf_counter() - t0
+    finally:
+        llm.shutdown()
     n_ok = 0
     for p, out in zip(problems, outputs):
         text = out.outputs[0].text
@@ -106,9 +109,12 @@ def scripted_demo(args: argparse.Namespace) -> int:
     llm = hook_llm(model, hooks=dict(max_child_depth=2, merge_separator="; "))
     S = Scripts(llm.get_tokenizer())
     t0 = time.perf_counter()
-    outputs = llm.generate([p for p, _, _ in DEMOS],
-                           [S.params(s, c) for _, s, c in DEMOS], use_tqdm=False)
-    elapsed = time.perf_counter() - t0
+    try:
+        outputs = llm.generate([p for p, _, _ in DEMOS],
+                               [S.params(s, c) for _, s, c in DEMOS], use_tqdm=False)
+        elapsed = time.perf_counter() - t0
+    finally:
+        llm.shutdown()
     for (prompt, _, _), out in zip(DEMOS, outputs):
         print("=" * 72)
         print(f"prompt : {prompt!r}")

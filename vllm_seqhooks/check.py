@@ -60,7 +60,7 @@ def _platform_flags(*, block_size: int = 32) -> list[str]:
 
 def trained_engine_flags() -> list[str]:
     """``vllm serve`` engine flags for the embedded trained model (its
-    ``forkjoin_task.ENGINE_KWARGS``, as far as a server needs them)."""
+    ``tasks.forkjoin.ENGINE_KWARGS``, as far as a server needs them)."""
     return ["--dtype", "float32", "--max-model-len", "256", "--seed", "0",
             "--kv-cache-memory-bytes", str(128 << 20), *_platform_flags()]
 
@@ -146,7 +146,7 @@ def scripted_checks(url: str, model: str, add: Callable[..., None]) -> None:
 def trained_outputs(url: str, model: str, problems) -> list[tuple[str, list[int]]]:
     from concurrent.futures import ThreadPoolExecutor
 
-    from vllm_seqhooks import forkjoin_task as task
+    from vllm_seqhooks.tasks import forkjoin as task
 
     client = _client(url)
 
@@ -161,7 +161,7 @@ def trained_outputs(url: str, model: str, problems) -> list[tuple[str, list[int]
 
 
 def trained_checks(outputs, problems, add: Callable[..., None]) -> None:
-    from vllm_seqhooks import forkjoin_task as task
+    from vllm_seqhooks.tasks import forkjoin as task
 
     correct = sum(task.check(p, text) for p, (text, _ids) in zip(problems, outputs))
     add("answers correct", correct >= MIN_ACCURACY * len(problems),
@@ -170,8 +170,6 @@ def trained_checks(outputs, problems, add: Callable[..., None]) -> None:
 
 # -------------------------------------------------------------------- main
 def run(args: argparse.Namespace) -> list[Result]:
-    from vllm_seqhooks import forkjoin_task as task
-    from vllm_seqhooks.plugin import hook_flags
     from vllm_seqhooks.testing.scripted import (
         SCRIPTED_LOGITS_PROCESSOR_FQCN,
         SCRIPTED_LOGITS_PROCESSOR_V2_FQCN,
@@ -213,8 +211,18 @@ def run(args: argparse.Namespace) -> list[Result]:
                   *TINY_HOOK_FLAGS, "--logits-processors", processor]
     serve("scripted", tiny, tiny_flags, lambda url, add: scripted_checks(url, tiny, add))
 
+    _trained_configs(serve, args.problems)
+    return results
+
+
+def _trained_configs(serve: Callable[..., None], num_problems: int) -> None:
+    """Configurations (2) and (3): the trained model, then with ngram
+    speculative decoding, whose tokens must equal (2)'s."""
+    from vllm_seqhooks.engine.serve_flags import hook_flags
+    from vllm_seqhooks.tasks import forkjoin as task
+
     trained = str(task.model_dir())
-    problems = task.heldout_problems(args.problems)
+    problems = task.heldout_problems(num_problems)
     trained_flags = [*trained_engine_flags(), *hook_flags(task.hook_settings())]
     reference: list = []
 
@@ -237,7 +245,6 @@ def run(args: argparse.Namespace) -> list[Result]:
 
     serve("trained+ngram", trained,
           [*trained_flags, "--speculative-config", json.dumps(NGRAM)], speculative_body)
-    return results
 
 
 def format_table(results: list[Result], header: str) -> str:

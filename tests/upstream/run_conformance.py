@@ -53,7 +53,6 @@ SDIST_NAME = f"vllm-{VLLM_VERSION}.tar.gz"
 #: sha256 of vllm-0.32.0.tar.gz as published on PyPI.
 SDIST_SHA256 = "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"
 SDIST_TOP = f"vllm-{VLLM_VERSION}"
-DEFAULT_INDEX = "https://pypi.org/simple"  # pip's built-in default
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -135,6 +134,19 @@ def _pip_config(python: str) -> dict[str, str]:
     return cfg
 
 
+def pip_default_index(python: str) -> str:
+    """The index pip uses when none is configured, asked of pip itself."""
+    code = "from pip._internal.models.index import PyPI; print(PyPI.simple_url)"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                             timeout=120, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise DownloadError(f"cannot ask pip for its default index: {exc}") from exc
+    if not out:
+        raise DownloadError("pip named no default index")
+    return out
+
+
 def index_urls(python: str) -> tuple[list[str], str | None]:
     """The package indexes pip would use (index-url first, then the extra
     ones), and its configured CA bundle."""
@@ -149,7 +161,7 @@ def index_urls(python: str) -> tuple[list[str], str | None]:
                 return cfg[f"{scope}.{name}"]
         return None
 
-    urls = [setting("index-url") or DEFAULT_INDEX]
+    urls = [setting("index-url") or pip_default_index(python)]
     urls += (setting("extra-index-url") or "").split()
     return [u for i, u in enumerate(urls) if u and u not in urls[:i]], setting("cert")
 

@@ -70,7 +70,7 @@ _MAX_LONGREPR = 6000
 def hooks_config_dict() -> dict[str, Any]:
     """The ``additional_config["seqhooks"]`` value used in the hooks run:
     resolved ids (no tokenizer needed), defaults otherwise."""
-    from vllm_seqhooks.config import SpecialKwargs
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 
     return SpecialKwargs(**HOOK_TOKEN_IDS, merge_separator_token_ids=[]).to_dict()
 
@@ -114,7 +114,7 @@ RECORDER = _Recorder()
 def _is_hook_scheduler(cls: type) -> bool:
     if getattr(cls, CONFORMANCE_MARK, False):
         return True
-    mod = sys.modules.get("vllm_seqhooks.scheduler")
+    mod = sys.modules.get("vllm_seqhooks.engine.scheduler")
     return mod is not None and issubclass(cls, mod.SeqHooksMixin)
 
 
@@ -147,8 +147,8 @@ def conformance_classes() -> tuple[type, type]:
         return _CLASSES
     # Import our module (and through it vLLM's classes) *before* anything is
     # patched: our classes must subclass the stock ones.
-    from vllm_seqhooks.config import ADDITIONAL_CONFIG_KEY
-    from vllm_seqhooks.scheduler import SeqHooksAsyncScheduler, SeqHooksSyncScheduler
+    from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY
+    from vllm_seqhooks.engine.scheduler import SeqHooksAsyncScheduler, SeqHooksSyncScheduler
 
     config = hooks_config_dict()
 
@@ -212,7 +212,7 @@ def install_substitution() -> Callable[[], None]:
     if not (issubclass(sync_cls, stock_sync) and issubclass(async_cls, stock_async)):
         raise RuntimeError(
             "vllm_seqhooks' schedulers do not subclass the stock ones: was "
-            "vllm_seqhooks.scheduler imported after a patch?"
+            "vllm_seqhooks.engine.scheduler imported after a patch?"
         )
     sched_mod.Scheduler = sync_cls
     async_mod.AsyncScheduler = async_cls

@@ -43,8 +43,8 @@ _SCRIPTED_NAMES = (
     "encode_script",
     "resolve_script",
     "scripted_params",
-    "scripted_processor_for",
 )
+_FORKJOIN_NAMES = ("scripted_processor_for",)
 
 
 def __getattr__(name: str) -> Any:
@@ -52,9 +52,11 @@ def __getattr__(name: str) -> Any:
         module = importlib.import_module("vllm_seqhooks.testing.tiny_model")
     elif name in _SCRIPTED_NAMES:
         module = importlib.import_module("vllm_seqhooks.testing.scripted")
+    elif name in _FORKJOIN_NAMES:
+        module = importlib.import_module("vllm_seqhooks.testing.forkjoin")
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(module, name)
 
 
-__all__ = [*_TINY_MODEL_NAMES, *_SCRIPTED_NAMES]
+__all__ = [*_TINY_MODEL_NAMES, *_SCRIPTED_NAMES, *_FORKJOIN_NAMES]

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from vllm_seqhooks.testing.scripted import (
+    ScriptedTokensLogitsProcessor,
     encode_script,
     scripted_params,
-    scripted_processor_for,
 )
 from vllm_seqhooks.testing.tiny_model import (
     EOS_ID,
@@ -24,6 +24,22 @@ TINY_HOOKS: dict[str, Any] = dict(
     promise_token_id=PROMISE_ID,
     promise_end_token_id=PROMISE_END_ID,
 )
+
+
+def scripted_processor_for(use_v2: Any) -> type:
+    """The scripted processor class for a model runner.
+
+    ``use_v2`` is a ``VllmConfig`` (vLLM's own decision,
+    ``VllmConfig.use_v2_model_runner``) or a bool (e.g. from
+    :func:`vllm_seqhooks.testing.v2_runner.uses_v2_model_runner`).
+    """
+    if not isinstance(use_v2, bool):
+        use_v2 = use_v2.use_v2_model_runner
+    if use_v2:
+        from vllm_seqhooks.testing.scripted_v2 import ScriptedTokensLogitsProcessorV2
+
+        return ScriptedTokensLogitsProcessorV2
+    return ScriptedTokensLogitsProcessor
 
 
 def scripted_engine_kwargs(model: str, **engine_kwargs: Any) -> dict[str, Any]:

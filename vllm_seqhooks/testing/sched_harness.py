@@ -46,7 +46,8 @@ import os
 from collections import deque
 from typing import Any, Callable, Iterable, Sequence
 
-from vllm_seqhooks.dependencies import SAMPLED_BEFORE_ARG
+from vllm_seqhooks.config.request_keys import SAMPLED_BEFORE_ARG
+from vllm_seqhooks.core.trace import TRACE_KEY  # noqa: F401 (re-exported)
 from vllm_seqhooks.testing.sched_setup import (  # noqa: F401 (re-exported)
     FAILED_MARKER_IDS,
     SEP_ID,
@@ -70,8 +71,6 @@ from vllm_seqhooks.testing.tiny_model import (  # noqa: F401 (re-exported)
 #: token, EOS or the separator.
 FILLER_BASE = 20
 FILLER_SPAN = 60
-
-TRACE_KEY = "seqhooks"
 
 
 def child_id(parent_id: str, index: int) -> str:

@@ -19,7 +19,7 @@ import os
 import tempfile
 from typing import Any, Sequence
 
-from vllm_seqhooks.config import SpecialKwargs
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.testing.tiny_model import (
     EOS_ID,
     PROMISE_END_ID,
@@ -106,9 +106,7 @@ def make_vllm_config(
     from vllm.config import (
         CacheConfig,
         ModelConfig,
-        ParallelConfig,
         SchedulerConfig,
-        SpeculativeConfig,
         VllmConfig,
     )
 
@@ -140,17 +138,8 @@ def make_vllm_config(
         if isinstance(hooks, dict):
             hooks = default_hooks(**hooks)
         additional = hooks.to_additional_config()
-    speculative_config = None
-    if num_spec_tokens:
-        speculative_config = SpeculativeConfig(
-            # vLLM allows async scheduling with the GPU n-gram proposer only.
-            method="ngram_gpu" if async_scheduling else "ngram",
-            num_speculative_tokens=num_spec_tokens,
-            prompt_lookup_max=num_spec_tokens,
-            prompt_lookup_min=1,
-            target_model_config=model_config,
-            target_parallel_config=ParallelConfig(),
-        )
+    speculative_config = (_ngram_config(num_spec_tokens, async_scheduling, model_config)
+                          if num_spec_tokens else None)
     vllm_config = VllmConfig(
         model_config=model_config,
         scheduler_config=scheduler_config,
@@ -163,6 +152,20 @@ def make_vllm_config(
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     return vllm_config
+
+
+def _ngram_config(num_spec_tokens: int, async_scheduling: bool, model_config):
+    from vllm.config import ParallelConfig, SpeculativeConfig
+
+    return SpeculativeConfig(
+        # vLLM allows async scheduling with the GPU n-gram proposer only.
+        method="ngram_gpu" if async_scheduling else "ngram",
+        num_speculative_tokens=num_spec_tokens,
+        prompt_lookup_max=num_spec_tokens,
+        prompt_lookup_min=1,
+        target_model_config=model_config,
+        target_parallel_config=ParallelConfig(),
+    )
 
 
 def make_kv_cache_config(num_blocks: int, block_size: int):
@@ -257,7 +260,7 @@ def make_scheduler(
 
         cls = AsyncScheduler if async_scheduling else Scheduler
         return cls(**kwargs)
-    from vllm_seqhooks.scheduler import SeqHooksScheduler
+    from vllm_seqhooks.engine.scheduler import SeqHooksScheduler
 
     return SeqHooksScheduler(**kwargs)
 

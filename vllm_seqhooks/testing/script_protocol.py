@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.logger import init_logger
 
-from vllm_seqhooks.request_keys import register_request_keys
-from vllm_seqhooks.dependencies import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
+from vllm_seqhooks.config.request_keys import register_request_keys
+from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
 
 if TYPE_CHECKING:
     from vllm import SamplingParams

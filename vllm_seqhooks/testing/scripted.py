@@ -84,7 +84,7 @@ Model Runner V2's (``vllm.v1.worker.gpu.sample.logits_processor``, the GPU
 default) takes
 :class:`vllm_seqhooks.testing.scripted_v2.ScriptedTokensLogitsProcessorV2`
 (``SCRIPTED_LOGITS_PROCESSOR_V2_FQCN``), and each runner rejects the other's
-class.  :func:`scripted_processor_for` picks the class for a ``VllmConfig`` or
+class.  :func:`vllm_seqhooks.testing.forkjoin.scripted_processor_for` picks the class for a ``VllmConfig`` or
 a flag (:func:`vllm_seqhooks.testing.v2_runner.uses_v2_model_runner` predicts
 the flag from engine arguments); :func:`vllm_seqhooks.testing.forkjoin.hook_llm`
 does this itself.  Both classes share :func:`forcing_plan`, so the keys above
@@ -240,22 +240,6 @@ class ScriptedTokensLogitsProcessor(LogitsProcessor):
         return logits
 
 
-def scripted_processor_for(use_v2: bool | VllmConfig) -> type:
-    """The scripted processor class for a model runner.
-
-    ``use_v2`` is a ``VllmConfig`` (vLLM's own decision,
-    ``VllmConfig.use_v2_model_runner``) or a bool (e.g. from
-    :func:`vllm_seqhooks.testing.v2_runner.uses_v2_model_runner`).
-    """
-    if not isinstance(use_v2, bool):
-        use_v2 = use_v2.use_v2_model_runner
-    if use_v2:
-        from vllm_seqhooks.testing.scripted_v2 import ScriptedTokensLogitsProcessorV2
-
-        return ScriptedTokensLogitsProcessorV2
-    return ScriptedTokensLogitsProcessor
-
-
 __all__ = [
     "CHILD_DEFAULT_SCRIPT_KEY",
     "CHILD_KEY",
@@ -276,6 +260,5 @@ __all__ = [
     "model_eos_token_id",
     "resolve_script",
     "scripted_params",
-    "scripted_processor_for",
     "validate_script_args",
 ]

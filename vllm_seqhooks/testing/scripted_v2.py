@@ -54,7 +54,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
     LogitsProcRequestState,
 )
 
-from vllm_seqhooks.testing.scripted import (
+from vllm_seqhooks.testing.script_protocol import (
     ForcingPlan,
     forcing_plan,
     model_eos_token_id,

@@ -334,7 +334,7 @@ def run_in_subprocess(
 def _child_main(request_path: str, result_path: str) -> int:
     request = json.loads(Path(request_path).read_text())
     try:
-        from vllm_seqhooks.testing.engine_modes import apply_async_scheduling_from_env
+        from vllm_seqhooks.testing.async_scheduling import apply_async_scheduling_from_env
 
         apply_async_scheduling_from_env()
         value = _load_target(request["target"])(**request["kwargs"])

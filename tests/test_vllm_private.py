@@ -1,0 +1,52 @@
+"""The private vLLM API the engine package relies on
+(``vllm_seqhooks/engine/vllm_private.py``): present with the expected
+signatures on the pinned vLLM, and reported, naming what changed, when it
+changes."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_pinned_private_vllm_api_is_present():
+    """Fails loudly when vLLM changes under the pin: every private name the
+    scheduler and the batch grouping use, with its signature."""
+    from vllm_seqhooks.engine import vllm_private
+
+    assert vllm_private.problems() == []
+    assert vllm_private.model_runner_problems() == []
+    assert vllm_private.v2_model_runner_problems() == []
+
+
+def test_a_changed_private_api_is_reported(monkeypatch):
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+
+    from vllm_seqhooks.engine import vllm_private
+
+    monkeypatch.setattr(Scheduler, "_free_request", lambda self, request: None)
+    monkeypatch.setattr(InputBatch, "swap_states", lambda self, a, b: None)
+    from vllm.v1.worker.gpu import model_runner as v2
+
+    monkeypatch.setattr(v2, "sort_batch_req_ids", lambda reqs, drafts: list(reqs))
+    assert any("sort_batch_req_ids" in p for p in vllm_private.v2_model_runner_problems())
+    assert any("_free_request" in p for p in vllm_private.problems())
+    assert any("swap_states" in p for p in vllm_private.model_runner_problems())
+    monkeypatch.setattr(vllm_private, "_checked", False)
+    with pytest.raises(vllm_private.VllmPrivateAPIError, match="_free_request"):
+        vllm_private.check()
+
+
+def test_frontend_private_api_is_present():
+    from vllm_seqhooks.engine import vllm_private
+
+    assert vllm_private.input_processor_problems() == []
+
+
+def test_a_changed_frontend_api_is_reported(monkeypatch):
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from vllm_seqhooks.engine import vllm_private
+
+    monkeypatch.setattr(InputProcessor, "_validate_params", lambda self, params: None)
+    assert any("_validate_params" in p for p in vllm_private.input_processor_problems())

@@ -1,0 +1,21 @@
+"""The vLLM adapter: the only code that knows vLLM's internals.
+
+It applies what the pure packages decide. :mod:`.scheduler` holds every vLLM
+scheduler method the hooks override, each reading top to bottom; the parts it
+calls are named after their concern (:mod:`.admission`, :mod:`.parking`,
+:mod:`.spawning`, :mod:`.speculative`, :mod:`.joins`, :mod:`.kv_pressure`,
+:mod:`.family_limits`, :mod:`.fair_share`, :mod:`.accounting`) and share one
+:class:`~.state.ForkJoinState`. :mod:`.vllm_private` names every private vLLM
+API used and checks it; :mod:`.patches` installs every patch of vLLM's classes;
+:mod:`.validation` checks requests at admission; :mod:`.worker` is the worker
+extension; :mod:`.metrics` exports counters.
+
+Importing this package does not import vLLM: it only names the classes vLLM
+is given.
+"""
+
+#: ``scheduler_cls`` of engines with hooks.
+SCHEDULER_CLASS_PATH = "vllm_seqhooks.engine.scheduler.SeqHooksScheduler"
+#: ``worker_extension_cls`` of engines with hooks: vLLM imports it in each
+#: worker process, which installs the worker-side patches there.
+WORKER_EXTENSION_CLASS_PATH = "vllm_seqhooks.engine.worker.SeqHooksWorkerExtension"

@@ -1,0 +1,57 @@
+"""What joins and forks cost, counted from each step's schedule: tokens a
+parent prefilled at its join (only ``<sync>`` and the merged tokens, ideally)
+and prompt tokens a child found cached at its fork."""
+
+from __future__ import annotations
+
+
+class Accounting:
+    """Counts join prefill and fork cache hits per step."""
+
+    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
+        self.sched = sched
+
+    def count(self, out) -> None:
+        """Count what the step ``out`` (a scheduler output) schedules."""
+        self._count_joins(out.num_scheduled_tokens, out.scheduled_spec_decode_tokens)
+        self._count_forks(out.num_scheduled_tokens)
+
+    def _count_joins(self, scheduled: dict[str, int], drafts: dict) -> None:
+        fj = self.sched.fork_join
+        metrics = self.sched.metrics
+        for rid in list(fj.accounting):
+            n = scheduled.get(rid)
+            if not n:
+                continue
+            # Draft positions (vLLM pads a resumed decode with placeholder
+            # drafts) are verified, not prefilled.
+            n -= len(drafts.get(rid, ()))
+            st = fj.accounting[rid]
+            rec = st.accounting
+            if rec is None:
+                fj.accounting.pop(rid, None)
+                continue
+            if rec.prefilled_tokens is None:
+                rec.prefilled_tokens = 0
+                rec.reused_tokens = st.request.num_computed_tokens - n
+                metrics.inc("join_reused_tokens", rec.reused_tokens)
+            rec.prefilled_tokens += n
+            metrics.inc("join_prefill_tokens", n)
+            if not st.request.is_prefill_chunk:
+                fj.accounting.pop(rid, None)
+
+    def _count_forks(self, scheduled: dict[str, int]) -> None:
+        fj = self.sched.fork_join
+        for rid, child in fj.children.items():
+            st = fj.states.get(rid)
+            if st is None or st.first_scheduled:
+                continue
+            n = scheduled.get(rid)
+            if not n:
+                continue
+            st.first_scheduled = True
+            cached = child.num_computed_tokens - n
+            node = fj.tree.get(rid)
+            if node is not None:
+                node.cached_prompt_tokens = cached
+            self.sched.metrics.inc("fork_cached_tokens", cached)

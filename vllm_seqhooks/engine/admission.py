@@ -1,0 +1,92 @@
+"""A request's hook settings, decided as it is added: per-request overrides
+from ``extra_args`` within the server's limits (:mod:`vllm_seqhooks.core.request_hooks`
+decides), its scanner, its family's ledger; and the model's text codec."""
+
+from __future__ import annotations
+
+import logging
+from vllm.v1.request import Request
+
+from vllm_seqhooks.config.request_keys import parse_request_overrides
+from vllm_seqhooks.config.special_kwargs import SpecialKwargsError
+from vllm_seqhooks.core.request_hooks import request_hooks
+from vllm_seqhooks.formats.request_scanner import request_scanner
+from vllm_seqhooks.formats.text_codec import TextCodec
+from vllm_seqhooks.engine.state import HookState
+
+# Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.seqhooks.scheduler")
+
+
+class Admission:
+    """Decides a request's hook settings as it is added."""
+
+    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
+        self.sched = sched
+        self._codec: TextCodec | None = None
+
+    def admit(self, request: Request) -> None:
+        """Give ``request`` its :class:`HookState` (none: hooks off for it)."""
+        sched = self.sched
+        fj = sched.fork_join
+        if request.request_id in fj.states or request.pooling_params or request.resumable:
+            # (vLLM's own streaming-input sessions park and resume through
+            # the same path; hooks are not combined with them.)
+            return
+        sp = request.sampling_params
+        if sp is None:
+            return
+        try:
+            per_request = parse_request_overrides(sp.extra_args)
+        except SpecialKwargsError as exc:
+            # The frontend validates these; a request that reached the engine
+            # without it runs without hooks rather than failing the engine.
+            logger.warning("%s: %s; sequence hooks off for this request",
+                           request.request_id, exc)
+            return
+        if per_request.get("enabled", True) is False:
+            return
+        node = fj.tree.get(request.request_id)
+        rh = request_hooks(sched.hooks, per_request, node.depth if node is not None else 0)
+        family = None
+        if rh.may_spawn and rh.depth == 0:
+            family = sched.family_limits.new_family(request, per_request)
+        fj.states[request.request_id] = HookState(
+            request=request,
+            scanner=request_scanner(sched.hooks, rh, self.text_codec),
+            orig_prompt_len=request.num_prompt_tokens,
+            orig_max_tokens=request.max_tokens,
+            orig_min_tokens=sp.min_tokens,
+            child_max_tokens=rh.child_max_tokens,
+            separator=self._separator(per_request.get("merge_separator")),
+            family=family,
+        )
+
+    def _separator(self, text: str | None) -> tuple[int, ...]:
+        """Token ids of a per-request merge separator (cached), or the
+        server's when there is none or no tokenizer to encode it with."""
+        hooks = self.sched.hooks
+        default = tuple(hooks.merge_separator_token_ids or ())
+        if text is None or text == hooks.merge_separator:
+            return default
+        codec = self.text_codec(required=False)
+        if codec is None:
+            logger.warning("seqhooks_merge_separator needs a tokenizer "
+                           "(skip_tokenizer_init is set); using the server's")
+            return default
+        return codec.encode(text)
+
+    def text_codec(self, required: bool = True) -> TextCodec | None:
+        """Text and token bytes through the model's tokenizer, loaded in
+        EngineCore on first use (none with ``skip_tokenizer_init``)."""
+        model_config = self.sched.vllm_config.model_config
+        if self._codec is None and not model_config.skip_tokenizer_init:
+            from vllm.tokenizers import cached_tokenizer_from_config
+
+            tokenizer = cached_tokenizer_from_config(model_config)
+            self._codec = TextCodec.from_tokenizer(
+                tokenizer, max(len(tokenizer), model_config.get_vocab_size()))
+        if self._codec is None and required:
+            raise ValueError("a tag format (fork_tag) needs the model's tokenizer; "
+                             "skip_tokenizer_init cannot be set")
+        return self._codec

@@ -1,0 +1,161 @@
+"""Family limits applied: the ledger of :mod:`vllm_seqhooks.core.family_limits`
+decides; this part refuses promises, trims what descendants sample to the
+family's token budget, and cuts families and children that ran out of tokens
+or time."""
+
+from __future__ import annotations
+
+import logging
+import time
+from vllm.v1.request import Request, RequestStatus
+
+from vllm_seqhooks.core.family_limits import CHILD_TIMEOUT, DEADLINE, FamilyLedger, family_limits
+from vllm_seqhooks.core.request_tree import FAILED, FINISHED
+from vllm_seqhooks.engine.state import HookState
+
+# Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.seqhooks.scheduler")
+
+#: Finish reason of a child cut because its family stopped.
+CUT_REASON = "length"
+
+
+class FamilyLimits:
+    """Family token budgets, descendant and live-children limits, deadlines."""
+
+    #: Wall clock of deadlines (vLLM's arrival times are time.time()).
+    clock = staticmethod(time.time)
+
+    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
+        self.sched = sched
+
+    def new_family(self, request: Request, per_request: dict) -> FamilyLedger:
+        hooks = self.sched.hooks
+        limits = family_limits(
+            max_tokens=request.max_tokens,
+            max_children_per_request=hooks.max_children_per_request,
+            token_factor=hooks.family_token_factor,
+            max_descendants=hooks.max_descendants,
+            max_live_children=hooks.max_live_children_per_family,
+            per_request=per_request,
+            timeout_s=hooks.family_timeout_s,
+            child_timeout_s=hooks.child_timeout_s,
+        )
+        ledger = FamilyLedger(request.request_id, limits, started=request.arrival_time)
+        fj = self.sched.fork_join
+        fj.families[request.request_id] = ledger
+        if ledger.deadline is not None:
+            fj.timed_families.add(ledger)
+        return ledger
+
+    # ------------------------------------------------------------ spawning
+    def refusal(self, st: HookState) -> str | None:
+        """Why the request's next promise may not spawn (None: it may)."""
+        family = st.family
+        if family is None:
+            return None
+        return family.spawn_refusal(len(self.sched.fork_join.children),
+                                    self.sched.hooks.max_live_children)
+
+    def child_spawned(self, family: FamilyLedger | None, child_id: str) -> None:
+        if family is None:
+            return
+        fj = self.sched.fork_join
+        family.spawned()
+        cst = fj.states.get(child_id)
+        if cst is not None:
+            cst.family = family
+        deadline = family.child_deadline(self.clock())
+        if deadline is not None:
+            fj.child_deadlines[child_id] = deadline
+
+    def child_ended(self, st: HookState | None, rid: str) -> None:
+        self.sched.fork_join.child_deadlines.pop(rid, None)
+        if st is not None and st.family is not None:
+            st.family.child_ended()
+
+    # -------------------------------------------------------------- tokens
+    def _charges(self, st: HookState) -> FamilyLedger | None:
+        """The ledger a request's sampled tokens are charged to: a
+        descendant's family (a request's own tokens are not charged)."""
+        if st.request.request_id in self.sched.fork_join.children:
+            return st.family
+        return None
+
+    def trim_to_budget(self, st: HookState, new_token_ids: list[int]) -> bool:
+        """Drop the tokens a descendant sampled past its family's budget;
+        True when some were dropped."""
+        family = self._charges(st)
+        if family is None:
+            return False
+        offered = len(new_token_ids)
+        allowed = 0 if family.exhausted_by is not None else family.allowed(offered)
+        if allowed < offered:
+            del new_token_ids[allowed:]
+            return True
+        return False
+
+    def charge(self, st: HookState, kept: int) -> None:
+        family = self._charges(st)
+        if family is not None and family.charge(kept):
+            logger.info("%s: family token budget (%d tokens for descendants) "
+                        "spent; cutting its descendants", family.root_id,
+                        family.limits.descendant_budget)
+            self.sched.fork_join.families_to_cut.append(family)
+
+    def stops_member(self, st: HookState) -> bool:
+        """True when this request must stop now because its family stopped:
+        any descendant, and the request itself past the family deadline."""
+        family = st.family
+        if family is None or family.exhausted_by is None:
+            return False
+        return (st.request.request_id in self.sched.fork_join.children
+                or family.exhausted_by == DEADLINE)
+
+    # ---------------------------------------------------------- enforcing
+    def enforce(self) -> None:
+        """At each step: cut families that ran out, fail children past
+        their deadline."""
+        fj = self.sched.fork_join
+        if fj.child_deadlines or fj.timed_families:
+            now = self.clock()
+            for family in list(fj.timed_families):
+                if family.expire(now):
+                    logger.info("%s: family timeout (%.3fs) passed; cutting its "
+                                "descendants", family.root_id, family.limits.timeout_s)
+                    self.sched.metrics.inc("family_deadlines", 1)
+                    fj.families_to_cut.append(family)
+            expired = [rid for rid, t in fj.child_deadlines.items() if t <= now]
+            if expired:
+                self._time_out(expired)
+        while fj.families_to_cut:
+            self._cut(fj.families_to_cut.pop())
+
+    def _time_out(self, child_ids: list[str]) -> None:
+        fj = self.sched.fork_join
+        for rid in child_ids:
+            fj.child_deadlines.pop(rid, None)
+            st = fj.states.get(rid)
+            if st is not None and st.family is not None:
+                st.family.timed_out_children += 1
+            logger.info("%s: child timeout passed; it fails and its parent "
+                        "resumes", rid)
+        self.sched.metrics.inc("child_timeouts", len(child_ids))
+        self.sched.end_children(child_ids, RequestStatus.FINISHED_ABORTED, FAILED,
+                                CHILD_TIMEOUT)
+
+    def _cut(self, family: FamilyLedger) -> None:
+        """End the family's live descendants as if they had reached their
+        ``max_tokens``; parked ones join (and finish) when theirs end."""
+        fj = self.sched.fork_join
+        live = []
+        for rid in fj.tree.live_descendants(family.root_id):
+            st = fj.states.get(rid)
+            if rid in fj.children and not (st is not None and st.parked):
+                live.append(rid)
+        if not live:
+            return
+        family.cut_children += len(live)
+        self.sched.metrics.inc("children_cut", len(live))
+        self.sched.end_children(live, RequestStatus.FINISHED_LENGTH_CAPPED, FINISHED,
+                                CUT_REASON)

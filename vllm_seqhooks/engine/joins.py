@@ -1,0 +1,296 @@
+"""The output side of a step: children's outputs stay in EngineCore, a
+parked parent whose children have ended takes their merged outputs and
+resumes or finishes (:mod:`vllm_seqhooks.core.join_plan` decides), and a
+finished request carries its trace."""
+
+from __future__ import annotations
+
+import logging
+import time
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.request import Request, RequestStatus, StreamingUpdate
+
+from vllm_seqhooks.config.request_keys import SAMPLED_BEFORE_ARG
+from vllm_seqhooks.core.join_plan import contribution, first_child_covers, fit_merge, resumes
+from vllm_seqhooks.core.request_tree import FAILED, FINISHED, MERGED, JoinRecord
+from vllm_seqhooks.core.trace import TRACE_KEY, build_trace
+from vllm_seqhooks.engine.state import HookState
+
+# Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.seqhooks.scheduler")
+
+#: Finish reasons of a child that count as finished (else it failed).
+_FINISHED_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.REPETITION)
+
+
+class Joins:
+    """Filters children's outputs, joins parked parents, attaches traces."""
+
+    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
+        self.sched = sched
+
+    # ------------------------------------------------------------ outputs
+    def filter_outputs(self, outputs: dict[int, EngineCoreOutputs],
+                       parked_now: set[str]) -> None:
+        """Take children's outputs out of a step's ``outputs`` (noting the
+        children that ended), keep the outputs of requests that parked in
+        this step unfinished, and attach the trace of finished ones."""
+        fj = self.sched.fork_join
+        for eco in outputs.values():
+            kept: list[EngineCoreOutput] = []
+            for out in eco.outputs:
+                rid = out.request_id
+                child = fj.children.get(rid)
+                if child is not None or rid in fj.ended_children:
+                    if (child is not None and out.finish_reason is not None
+                            and rid not in parked_now):
+                        state = FINISHED if out.finish_reason in _FINISHED_REASONS else FAILED
+                        self.child_ended(child, state, out.finish_reason)
+                    continue
+                if rid in parked_now:
+                    self._unfinish(out)
+                elif out.finish_reason is not None and rid in fj.tree:
+                    self.attach_trace(out)
+                kept.append(out)
+            eco.outputs = kept
+            if eco.finished_requests:
+                eco.finished_requests = {
+                    r for r in eco.finished_requests
+                    if r not in fj.children and r not in fj.ended_children
+                }
+
+    def _unfinish(self, out: EngineCoreOutput) -> None:
+        """A parked request's output of this step: not finished, and without
+        the stop token it finished with (the frontend drops the last token of
+        a stop-terminated output from the text, so it must come after the
+        merged tokens)."""
+        out.finish_reason = None
+        out.stop_reason = None
+        st = self.sched.fork_join.states.get(out.request_id)
+        if st is not None and st.stop_pos is not None and out.new_token_ids:
+            out.new_token_ids = list(out.new_token_ids[:-1])
+
+    def deliver_pending(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        """Add the outputs made outside this step (merged tokens, finished
+        parents) to it, after the request's own output of the step."""
+        fj = self.sched.fork_join
+        for client_index, out in fj.pending_outputs:
+            eco = outputs.get(client_index)
+            if eco is None:
+                eco = outputs[client_index] = EngineCoreOutputs()
+            for existing in eco.outputs:
+                if existing.request_id == out.request_id and existing.finish_reason is None:
+                    existing.new_token_ids = list(existing.new_token_ids) + list(out.new_token_ids)
+                    existing.finish_reason = out.finish_reason
+                    existing.stop_reason = out.stop_reason
+                    existing.kv_transfer_params = out.kv_transfer_params
+                    break
+            else:
+                eco.outputs.append(out)
+        fj.pending_outputs = []
+
+    # ------------------------------------------------------------ children
+    def child_ended(self, child: Request, state: str, finish_reason) -> None:
+        rid = child.request_id
+        fj = self.sched.fork_join
+        if rid not in fj.children:
+            return
+        st = fj.states.get(rid)
+        tokens = self.contribution(st) if state == FINISHED and st is not None else []
+        reason = str(finish_reason) if finish_reason is not None else state
+        self._close_child(rid, st, state, tokens, reason)
+
+    def _close_child(self, rid: str, st: HookState | None, state: str, tokens: list[int],
+                     reason: str) -> None:
+        """A child ended: its state goes, its parent gets ``tokens`` and joins
+        once its other open children have ended too."""
+        fj = self.sched.fork_join
+        del fj.children[rid]
+        fj.ended_children.add(rid)
+        fj.drop_state(rid)  # records its sampled tokens in its node
+        fj.accounting.pop(rid, None)
+        self.sched.family_limits.child_ended(st, rid)
+        self.sched.metrics.child_ended(state)
+        parent_id = fj.tree.child_ended(rid, state, tokens, reason)
+        if parent_id is not None:
+            fj.ready_joins.append(parent_id)
+
+    def contribution(self, st: HookState, merged: list[int] = ()) -> list[int]:
+        """What a finished request gives its parent (join_plan.contribution):
+        what it generated after its prompt without the EOS / stop token that
+        ended it, the merge it finished with, and a tag format's end text for
+        a child that did not end at its end tag."""
+        req = st.request
+        stop_pos = st.stop_pos
+        if stop_pos is None and req.status == RequestStatus.FINISHED_STOPPED and (
+            isinstance(req.stop_reason, int) or req.stop_reason is None
+        ):
+            stop_pos = req.num_tokens - 1
+        fmt = self.sched.hooks.tag_format
+        closing = ()
+        if fmt is not None and fmt.child_end_tag and not st.ended_by_tag:
+            closing = self.sched.admission.text_codec().encode(fmt.eos_text)
+        return contribution(req.all_token_ids, st.orig_prompt_len, stop_pos, merged, closing)
+
+    # --------------------------------------------------------------- joins
+    def join_ready(self) -> None:
+        """Join every parent whose children have all ended (may cascade: a
+        child finishing after its own join)."""
+        fj = self.sched.fork_join
+        while fj.ready_joins:
+            self._join(fj.ready_joins.pop(0))
+
+    def _join(self, rid: str) -> None:
+        sched = self.sched
+        st = sched.fork_join.states.get(rid)
+        if st is None or not st.parked:
+            return
+        merged, children, record, room = self._take_merge(st)
+        remaining = st.orig_max_tokens - st.sampled
+        finish_status = st.final_status
+        if finish_status is None and not resumes(
+                truncated=record.truncated, merged=len(merged), room=room,
+                remaining=remaining, family_stops=sched.family_limits.stops_member(st)):
+            finish_status = RequestStatus.FINISHED_LENGTH_CAPPED
+        if finish_status is not None:
+            self._finish_after_join(st, merged, finish_status)
+        else:
+            self._resume(st, merged, children, record, remaining)
+
+    def _take_merge(self, st: HookState) -> tuple[list[int], list[str], JoinRecord, int]:
+        """The parent's merged tokens (cut to what ``max_model_len`` leaves),
+        its joined children, the join's record, and the room it had."""
+        sched = self.sched
+        fj = sched.fork_join
+        hooks = sched.hooks
+        rid = st.request.request_id
+        node = fj.tree.get(rid)
+        if node is not None and node.blocked_since is not None:
+            sched.metrics.observe_park(time.time() - node.blocked_since)
+        suffix = (sched.admission.text_codec().encode(hooks.merge_suffix)
+                  if hooks.merge_suffix else ())
+        merged, children = fj.tree.take_merge(
+            rid, st.separator, hooks.failed_child_marker_token_ids, suffix)
+        if hooks.merge_strategy == "none":
+            merged = []
+        record = fj.tree.get(rid).joins[-1]
+        fj.unpark(st)
+        room = sched.max_model_len - st.request.num_tokens
+        merged, record.truncated = fit_merge(merged, room)
+        record.merged_tokens = len(merged)
+        sched.metrics.inc("joins", 1)
+        sched.metrics.inc("truncated_merges", int(record.truncated))
+        sched.metrics.inc("merged_tokens", len(merged))
+        return merged, children, record, room
+
+    def _resume(self, st: HookState, merged: list[int], children: list[str],
+                record: JoinRecord, remaining: int) -> None:
+        """The parent samples again: ``[<sync>] + merged`` become prompt
+        tokens (vLLM's streaming-session update), so only they prefill."""
+        sched = self.sched
+        fj = sched.fork_join
+        req = st.request
+        rid = req.request_id
+        if self._first_child_covers_merge(st, children):
+            sched.kv_pressure.release_blocks(st)  # resume through the prefix cache
+        if st.spilled_frontier is not None:
+            req.num_computed_tokens = st.spilled_frontier
+        sync_token = req.all_token_ids[-1]
+        # Never extend the caller's own prompt list in place.
+        req.prompt_token_ids = list(req.prompt_token_ids)
+        update = StreamingUpdate(
+            mm_features=None,
+            prompt_token_ids=[sync_token, *merged],
+            max_tokens=remaining,
+            arrival_time=req.arrival_time,
+            sampling_params=_resumed_params(st, remaining),
+        )
+        sched._update_request_as_session(req, update)
+        if st.spilled_frontier is not None:
+            # Re-admit through the prefix cache: recompute what was evicted.
+            req.num_computed_tokens = 0
+            st.spilled_frontier = None
+        req.stop_reason = None
+        st.accounting = record
+        fj.accounting[rid] = st
+        if merged and rid not in fj.children:
+            fj.pending_outputs.append(
+                (req.client_index, EngineCoreOutput(request_id=rid, new_token_ids=list(merged))))
+        logger.debug("%s joined %d children: %d merged tokens", rid,
+                     len(record.children), len(merged))
+
+    def _first_child_covers_merge(self, st: HookState, children: list[str]) -> bool:
+        """A tag format's merge starts with the first child's own sequence
+        (the parent's context, the child's start, its output): when the KV
+        blocks that child filled go past what the parent computed, the parent
+        resumes through the prefix cache and reuses them."""
+        sched = self.sched
+        if sched.hooks.tag_format is None or not children or st.spilled_frontier is not None:
+            return False
+        node = sched.fork_join.tree.get(children[0])
+        return (node is not None and node.state == MERGED and bool(node.sampled_tokens)
+                and first_child_covers(node.prompt_tokens + node.sampled_tokens,
+                                       st.request.num_computed_tokens, sched.block_size))
+
+    def _finish_after_join(self, st: HookState, merged: list[int],
+                           status: RequestStatus) -> None:
+        """The parent finishes with its merge: a child gives it to its own
+        parent, a request sends it (and its held stop token) to the client."""
+        sched = self.sched
+        fj = sched.fork_join
+        req = st.request
+        rid = req.request_id
+        is_child = rid in fj.children
+        tokens = self.contribution(st, merged) if is_child else None
+        stop_reason = st.final_stop_reason
+        fj.unpark(st)
+        if st.spilled_frontier is not None:
+            req.num_computed_tokens = st.spilled_frontier
+            st.spilled_frontier = None
+        sched.finish_in_vllm([rid], status)
+        if is_child:
+            self._close_child(rid, st, FINISHED, tokens,
+                              str(RequestStatus.get_finished_reason(status)))
+            return
+        held = [req.all_token_ids[st.stop_pos]] if st.stop_pos is not None else []
+        out = EngineCoreOutput(
+            request_id=rid,
+            new_token_ids=[*merged, *held],
+            finish_reason=RequestStatus.get_finished_reason(status),
+            stop_reason=stop_reason,
+        )
+        self.attach_trace(out)
+        fj.drop_state(rid)
+        fj.pending_outputs.append((req.client_index, out))
+
+    # --------------------------------------------------------------- trace
+    def attach_trace(self, out: EngineCoreOutput) -> None:
+        """A finished root request's output carries its family's trace; the
+        family's state goes."""
+        fj = self.sched.fork_join
+        rid = out.request_id
+        node = fj.tree.get(rid)
+        if node is None or node.parent_id is not None:
+            return
+        nodes = fj.tree.pop_tree(rid)
+        family = fj.drop_family(rid)
+        trace = build_trace(nodes, limits=family.summary() if family is not None else None)
+        params = dict(out.kv_transfer_params or {})
+        params[TRACE_KEY] = trace
+        out.kv_transfer_params = params
+        fj.drop_state(rid)
+        for n in nodes[1:]:
+            fj.children.pop(n.request_id, None)
+            fj.drop_state(n.request_id)
+
+
+def _resumed_params(st: HookState, remaining: int):
+    """A resumed parent's sampling parameters: its remaining budget, the
+    ``min_tokens`` it has left, and the tokens it sampled before."""
+    sp = st.request.sampling_params.clone()
+    sp.max_tokens = remaining
+    sp.min_tokens = max(0, st.orig_min_tokens - st.sampled)
+    extra = dict(sp.extra_args or {})
+    extra[SAMPLED_BEFORE_ARG] = st.sampled
+    sp.extra_args = extra
+    return sp

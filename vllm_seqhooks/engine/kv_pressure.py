@@ -1,0 +1,101 @@
+"""KV pressure: a parked parent holds KV blocks that waiting requests may
+need; it is spilled (its blocks go back to the pool as prefix-cache entries)
+when the next waiting request cannot get blocks, and resumes through the
+prefix cache. When vLLM may preempt, the newest family goes first, whole."""
+
+from __future__ import annotations
+
+import logging
+from vllm.v1.request import Request, RequestStatus
+
+from vllm_seqhooks.core.kv_blocks import blocks_to_start
+from vllm_seqhooks.engine.state import HookState
+
+# Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.seqhooks.scheduler")
+
+
+class KVPressure:
+    """Spills parked parents and orders preemption under KV pressure."""
+
+    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
+        self.sched = sched
+
+    def maybe_spill(self) -> None:
+        """Free the KV blocks of parked parents when the next waiting request
+        cannot get blocks.
+
+        A parked parent keeps its blocks so that it resumes on them, which
+        is right while the cache has room. When the request vLLM would admit
+        next (a child, a resumed parent or a new request) cannot get its
+        blocks, the most recently parked parents give theirs back, one by
+        one until it can: their full blocks stay in the prefix cache (the
+        ones their running children share stay in use), so a spilled parent
+        recomputes at its join only its last partial block and whatever
+        was evicted in between. A client-side loop frees every parent's
+        blocks at every round; this does it only under pressure. Without
+        it, with nothing running and every block parked, the engine would
+        spin forever.
+        """
+        sched = self.sched
+        if len(sched.running) >= sched.max_num_running_reqs or not self._waiting_needs_blocks():
+            return
+        for st in reversed(self._holders()):
+            self.spill(st)
+            if not self._waiting_needs_blocks():
+                break
+
+    def order_for_preemption(self) -> None:
+        """When the free blocks cannot give every running request one more,
+        vLLM may preempt this step, the last running request first (FCFS;
+        the priority policy takes the latest arrival, a child's being its
+        family's). In arrival order the newest family goes first and whole,
+        and the context its children share is freed with it."""
+        sched = self.sched
+        if sched.kv_cache_manager.block_pool.get_num_free_blocks() < len(sched.running):
+            sched.running.sort(key=_arrival)
+
+    def _holders(self) -> list[HookState]:
+        """Parked parents that hold KV blocks, oldest first."""
+        return [st for st in self.sched.fork_join.states.values()
+                if st.parked and st.spilled_frontier is None
+                and st.request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+                and st.request.num_computed_tokens > 0]
+
+    def _waiting_needs_blocks(self) -> bool:
+        sched = self.sched
+        head = None
+        for queue in (sched.kv_holding_waiting, sched.waiting):
+            for req in queue:
+                if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                    continue
+                head = req
+                break
+            if head is not None:
+                break
+        if head is None:
+            return False
+        need = blocks_to_start(head.num_tokens, head.num_computed_tokens, sched.block_size)
+        free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        return free < need + 1
+
+    def release_blocks(self, st: HookState) -> None:
+        """A parked parent gives its KV blocks back to the pool (as
+        prefix-cache entries) and will resume through the prefix cache."""
+        sched = self.sched
+        req = st.request
+        sched.kv_holding_waiting.remove_request(req)
+        sched._free_request_blocks(req)
+        st.spilled_frontier = req.num_computed_tokens
+        req.num_computed_tokens = 0
+        sched.waiting.add_request(req)
+
+    def spill(self, st: HookState) -> None:
+        self.release_blocks(st)
+        self.sched.metrics.inc("spills", 1)
+        logger.info("spilled parked request %s (%d computed tokens) to let its "
+                    "children run", st.request.request_id, st.spilled_frontier)
+
+
+def _arrival(request: Request) -> float:
+    return request.arrival_time

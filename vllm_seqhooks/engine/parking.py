@@ -1,0 +1,60 @@
+"""Parking: a request stops at ``<sync>`` (or a fork tag) with open
+children, or finishes with open children, and waits for them through vLLM's
+streaming-session path (status ``WAITING_FOR_STREAMING_REQ``: its KV blocks
+and computed tokens kept) instead of finishing."""
+
+from __future__ import annotations
+
+from vllm.v1.request import RequestStatus
+
+from vllm_seqhooks.engine.state import HookState
+
+
+class Parking:
+    """Parks requests that wait for their children."""
+
+    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
+        self.sched = sched
+
+    def park(self, st: HookState, *, stopped_by_finish: bool) -> None:
+        """Park ``st``'s request in this step: at a ``<sync>`` or fork tag it
+        just sampled, or (``stopped_by_finish``) at its end, which it
+        reaches again once its children are merged."""
+        sched = self.sched
+        fj = sched.fork_join
+        request = st.request
+        rid = request.request_id
+        if stopped_by_finish:
+            st.final_status = request.status
+            st.final_stop_reason = request.stop_reason
+            if request.status == RequestStatus.FINISHED_STOPPED:
+                st.stop_pos = request.num_tokens - 1
+        else:
+            request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = None
+        if st.preempted_at_stop:
+            # vLLM preempted the request while this step was in flight: its
+            # blocks are gone (num_computed_tokens == 0) and vLLM takes it out
+            # of every queue after this step. Park it as spilled: it resumes
+            # through the prefix cache, and is queued again after the step.
+            st.spilled_frontier = request.num_tokens - (0 if stopped_by_finish else 1)
+            fj.requeue_after_step.append(request)
+        st.parked = True
+        fj.num_parked += 1
+        # The worker drops its state for the parked request (freeing its
+        # model-runner slot); it is re-sent in full when the request resumes.
+        sched.finished_req_ids.add(rid)
+        fj.tree.block(rid)
+        fj.park_pending.add(rid)
+        fj.parked_this_step.add(rid)
+        if fj.tree.ready_to_join(rid):
+            fj.ready_joins.append(rid)
+
+    def requeue_preempted(self) -> None:
+        """After a step: parents parked while vLLM preempted them wait again."""
+        fj = self.sched.fork_join
+        for req in fj.requeue_after_step:
+            if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                self.sched.waiting.add_request(req)
+                self.sched.deferred_waiting.add(req)
+        fj.requeue_after_step = []

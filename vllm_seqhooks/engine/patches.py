@@ -1,0 +1,99 @@
+"""Every patch this package makes to vLLM's classes, and the one place that
+installs them.
+
+vLLM has no extension point for these three; each wraps one function, is
+installed at most once per process, leaves engines without hooks untouched,
+and fails loudly (or, where stock engines share the process, logs) when the
+pinned vLLM lacks what it wraps (:mod:`.vllm_private` checks the names).
+
+=====================  ==========================================================
+patch                  what, why, when installed, when it can go
+=====================  ==========================================================
+``serve_flags``        ``EngineArgs.add_cli_args``: every parser that takes
+                       engine arguments gets the hook flags
+                       (:mod:`vllm_seqhooks.engine.serve_flags`). Installed by the
+                       ``vllm.general_plugins`` entry point in every vLLM
+                       process. Can go when vLLM lets plugins add CLI flags.
+``request_validation`` ``InputProcessor._build_logits_processors_params_validator``:
+                       the frontend checks each request's hook settings where
+                       vLLM checks sampling parameters (HTTP 400, not an engine
+                       error; :mod:`.validation`). Installed by the entry point
+                       when the frontend's module is imported, and by
+                       ``vllm_seqhooks.LLM``. Can go when vLLM gives the
+                       scheduler (or a plugin) a per-request admission check.
+``family_batch_order`` ``GPUModelRunner._may_reorder_batch`` (V1 model runner):
+                       each fork/join family is contiguous in the persistent
+                       batch (:mod:`vllm_seqhooks.core.batch_order`). Installed
+                       by importing the worker extension (:mod:`.worker`) in
+                       each worker process, or by the scheduler when the user
+                       replaced the worker extension. The V2 runner needs no
+                       patch (the scheduler orders its output). Can go with
+                       the V1 runner.
+=====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+logger = logging.getLogger("vllm.seqhooks.plugin")
+
+_SERVE_FLAGS_MARK = "_seqhooks_wrapped"
+
+
+def install_plugin_patches() -> None:
+    """What the ``vllm.general_plugins`` entry point installs (every vLLM
+    process, early; importing vLLM's frontend there would cost each worker
+    about a second, so the request check waits for its module)."""
+    from vllm_seqhooks.engine.post_import import when_imported
+
+    when_imported("vllm.v1.engine.input_processor", _install_request_validation_logged)
+    _install_serve_flags()
+
+
+def install_frontend_patches() -> None:
+    """What a frontend that starts engines with hooks needs
+    (``vllm_seqhooks.LLM``): the request check. Raises
+    :class:`~.vllm_private.VllmPrivateAPIError` when it cannot be installed."""
+    from vllm_seqhooks.engine import vllm_private
+
+    vllm_private.install_request_validator()
+
+
+def install_worker_patches() -> bool:
+    """What a process running a model needs: the family batch order.
+    False (logged) when the installed vLLM lacks what it wraps."""
+    from vllm_seqhooks.engine import vllm_private
+
+    return vllm_private.install_family_batch_order()
+
+
+def _install_request_validation_logged() -> None:
+    from vllm_seqhooks.engine import vllm_private
+
+    try:
+        vllm_private.install_request_validator()
+    except vllm_private.VllmPrivateAPIError as exc:
+        # Stock engines in this process must keep working; an engine with
+        # hooks fails its own version check at start-up.
+        logger.error("%s", exc)
+
+
+def _install_serve_flags() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_seqhooks.engine.serve_flags import add_hook_arguments
+
+    current = EngineArgs.__dict__["add_cli_args"]
+    func = current.__func__ if isinstance(current, staticmethod) else current
+    if getattr(func, _SERVE_FLAGS_MARK, False):
+        return
+
+    @functools.wraps(func)
+    def add_cli_args(parser, *args, **kwargs):
+        parser = func(parser, *args, **kwargs)
+        return add_hook_arguments(parser)
+
+    setattr(add_cli_args, _SERVE_FLAGS_MARK, True)
+    EngineArgs.add_cli_args = staticmethod(add_cli_args)  # type: ignore[method-assign]

@@ -1,0 +1,432 @@
+"""The fork/join scheduler: every vLLM scheduler method the hooks override, in
+one class, each reading top to bottom.
+
+Select it with ``scheduler_cls=SCHEDULER_CLASS_PATH`` (``vllm_seqhooks.engine``)
+and put the configuration in ``additional_config["seqhooks"]`` (the ``LLM``
+wrapper and the ``vllm serve`` flags do both). :class:`SeqHooksScheduler`
+builds the async or the sync variant, whichever vLLM chose for this engine.
+Every private vLLM name used here is listed and checked in
+:mod:`vllm_seqhooks.engine.vllm_private`.
+
+A request's life (see docs/lifecycle.md):
+
+* ``add_request``: its hook settings and scanner (:mod:`.admission`);
+* ``schedule``: family limits enforced (:mod:`.family_limits`), parked
+  parents spilled under KV pressure (:mod:`.kv_pressure`), over-share
+  children held back (:mod:`.fair_share`), join prefill and fork cache hits
+  counted (:mod:`.accounting`);
+* ``_update_request_with_output``: what it sampled is cut at a parking tag
+  (:mod:`.speculative`) and to its family's budget, scanned
+  (:mod:`vllm_seqhooks.formats`), and a closed payload or a fork spawns
+  children (:mod:`.spawning`); ``<sync>`` with open children, or its end,
+  parks it (:mod:`.parking`);
+* ``update_from_output``: children's outputs stay in EngineCore; a parked
+  parent whose children ended takes their merged outputs and resumes, or
+  finishes with its trace (:mod:`.joins`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY, SpecialKwargs
+from vllm_seqhooks.core.batch_order import grouped_order
+from vllm_seqhooks.core.request_tree import ABORTED, FAILED
+from vllm_seqhooks.engine import WORKER_EXTENSION_CLASS_PATH, patches, vllm_private
+from vllm_seqhooks.engine.accounting import Accounting
+from vllm_seqhooks.engine.admission import Admission
+from vllm_seqhooks.engine.engine_support import unsupported_engine
+from vllm_seqhooks.engine.fair_share import FairShare
+from vllm_seqhooks.engine.family_limits import FamilyLimits
+from vllm_seqhooks.engine.joins import Joins
+from vllm_seqhooks.engine.kv_pressure import KVPressure
+from vllm_seqhooks.engine.metrics import ENV_DIR as METRICS_ENV_DIR
+from vllm_seqhooks.engine.metrics import HookMetrics
+from vllm_seqhooks.engine.parking import Parking
+from vllm_seqhooks.engine.spawning import Spawning
+from vllm_seqhooks.engine.speculative import Speculative, count_as_rejected
+from vllm_seqhooks.engine.state import ForkJoinState, HookState
+from vllm_seqhooks.formats.events import (
+    EndTagReached,
+    ForkReached,
+    PayloadClosed,
+    PromiseIgnored,
+    SyncReached,
+)
+
+vllm_private.check()
+
+# Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.seqhooks.scheduler")
+
+
+class SeqHooksMixin:
+    """Fork/join on top of vLLM's ``Scheduler`` (or ``AsyncScheduler``)."""
+
+    # A scheduler built without __init__ (as some of vLLM's own tests do,
+    # with object.__new__) has no hooks and empty state: it behaves as stock
+    # vLLM. __init__ gives each scheduler its own.
+    fork_join = ForkJoinState()
+    metrics = HookMetrics("-", "-", None, mirror=False)
+    _order_output_by_family = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        vllm_config = self.vllm_config
+        self.hooks = _hooks_of(vllm_config)
+        self.fork_join = ForkJoinState()
+        self.metrics = HookMetrics(
+            engine=str(vllm_config.parallel_config.data_parallel_index),
+            model_name=_model_name(vllm_config.model_config),
+            directory=os.environ.get(METRICS_ENV_DIR),
+        )
+        self.admission = Admission(self)
+        self.family_limits = FamilyLimits(self)
+        self.spawning = Spawning(self)
+        self.speculative = Speculative(self)
+        self.parking = Parking(self)
+        self.joins = Joins(self)
+        self.kv_pressure = KVPressure(self)
+        self.fair_share = FairShare(self)
+        self.accounting = Accounting(self)
+        if self.hooks.tag_format is not None:
+            self.admission.text_codec().table  # at start-up, not at the first request
+        batch_by_family = self.hooks.batch_order == "family"
+        #: The V2 runner batches requests in the scheduler output's order;
+        #: the V1 runner keeps a persistent batch, grouped in the worker.
+        self._order_output_by_family = batch_by_family and bool(
+            getattr(self, "use_v2_model_runner", False))
+        if (batch_by_family and not self._order_output_by_family
+                and vllm_config.parallel_config.worker_extension_cls
+                != WORKER_EXTENSION_CLASS_PATH):
+            # The user's own worker extension replaced ours, which installs
+            # the worker patches in each worker process: install them here,
+            # which covers a worker running in this process.
+            patches.install_worker_patches()
+        logger.info("sequence hooks on: %s", self.hooks.summary())
+
+    # ------------------------------------------------------------ requests
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)
+        try:
+            self.admission.admit(request)
+        except Exception:  # never fail a request the engine already queued
+            logger.exception("%s: sequence hooks off for this request", request.request_id)
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
+    ) -> list[Request]:
+        fj = self.fork_join
+        if request_ids is None:
+            finished = super().finish_requests(None, finished_status)
+            for req in finished:
+                fj.forget(req.request_id)
+            return finished
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        # Aborting a request aborts its whole subtree.
+        outcome = ABORTED if finished_status == RequestStatus.FINISHED_ABORTED else FAILED
+        finished = self._finish_subtrees(ids, finished_status, outcome, None)
+        for rid in ids:
+            node = fj.tree.get(rid)
+            if node is not None and node.parent_id is None:
+                fj.drop_tree(rid)
+        if fj.ready_joins:
+            gone = {req.request_id for req in finished}
+            fj.ready_joins = [r for r in fj.ready_joins if r not in gone]
+        self._publish_metrics()
+        return finished
+
+    def end_children(self, child_ids: Iterable[str], status: RequestStatus, outcome: str,
+                     reason: str) -> None:
+        """Finish live children (and their subtrees) from inside the
+        scheduler: they end with ``outcome``; a parent parked on them joins."""
+        self._finish_subtrees(child_ids, status, outcome, reason)
+        self._publish_metrics()
+
+    def _finish_subtrees(self, request_ids: Iterable[str], status: RequestStatus,
+                         outcome: str, reason: str | None) -> list[Request]:
+        finished = self.finish_in_vllm(self.fork_join.tree.with_subtrees(request_ids), status)
+        for req in finished:
+            if req.request_id in self.fork_join.children:
+                self.joins.child_ended(req, outcome, reason)
+        return finished
+
+    def finish_in_vllm(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """vLLM's own ``finish_requests`` (no subtree, no hook bookkeeping)."""
+        return super().finish_requests(request_ids, status)
+
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any):
+        # A child's state lives until its parent has taken its output
+        # (joins.child_ended); any other request's goes with the request
+        # (and its family's ledger, unless its trace still needs it).
+        fj = self.fork_join
+        rid = request.request_id
+        if rid not in fj.children:
+            fj.drop_state(rid)
+            if rid not in fj.tree:
+                fj.drop_family(rid)
+        return super()._free_request(request, *args, **kwargs)
+
+    # ---------------------------------------------------------- scheduling
+    def schedule(self, *args: Any, **kwargs: Any):
+        fj = self.fork_join
+        if fj.families:
+            self.family_limits.enforce()
+        self.kv_pressure.maybe_spill()
+        if fj.children:
+            self.kv_pressure.order_for_preemption()
+            if self.hooks.fair_share and self.waiting:
+                self.fair_share.hold_over_share()
+        # vLLM counts parked streaming sessions as holding a model-runner
+        # slot. Parked parents do not: the worker dropped their state when
+        # they parked (see parking.park). Counting them would keep their own
+        # children out of the batch (deadlock with few slots).
+        parked = fj.num_parked
+        if parked:
+            self.num_waiting_for_streaming_input -= parked
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            if parked:
+                self.num_waiting_for_streaming_input += parked
+            if fj.held_this_step:
+                fj.held_this_step.clear()
+        if fj.accounting or fj.children:
+            self.accounting.count(out)
+        if fj.children and self._order_output_by_family:
+            _order_by_family(out.num_scheduled_tokens)
+        return out
+
+    def _handle_blocked_waiting_request(self, request: Request) -> bool:
+        if request.request_id in self.fork_join.held_this_step:
+            return False  # vLLM skips it for this step, keeping its place
+        return super()._handle_blocked_waiting_request(request)
+
+    def _preempt_request(self, request: Request, *args: Any, **kwargs: Any):
+        self.metrics.inc("preemptions", 1)
+        out = super()._preempt_request(request, *args, **kwargs)
+        if request.request_id in self.fork_join.children:
+            self.spawning.requeue_child(request)
+        return out
+
+    # ------------------------------------------------------------ sampling
+    def _update_request_with_output(
+        self, request: Request, new_token_ids: list[int], is_stale: bool = False
+    ) -> tuple[list[int], bool]:
+        st = self.fork_join.states.get(request.request_id)
+        if st is None:
+            return super()._update_request_with_output(request, new_token_ids, is_stale)
+        # 1. Cut what the request may not keep: tokens after a tag that
+        #    stops it (speculative decoding), tokens past its family's budget.
+        if st.scanner is not None and len(new_token_ids) > 1:
+            self.speculative.cut_after_parking_tag(st, new_token_ids, is_stale)
+        offered = len(new_token_ids)
+        over_budget = self.family_limits.trim_to_budget(st, new_token_ids)
+        start = request.num_tokens
+        was_preempted = request.status == RequestStatus.PREEMPTED
+        # 2. vLLM appends them and checks its own stops.
+        new_token_ids, stopped = super()._update_request_with_output(
+            request, new_token_ids, is_stale)
+        self.family_limits.charge(st, len(new_token_ids))
+        if not stopped and (over_budget or self.family_limits.stops_member(st)):
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED  # its family stopped
+            stopped = True
+        if not new_token_ids:
+            # Nothing kept (its family's budget): it may stop with open children.
+            if stopped and st.scanner is not None and self.fork_join.tree.has_open_children(
+                    request.request_id):
+                if offered and not is_stale:
+                    count_as_rejected(request, offered)
+                self.parking.park(st, stopped_by_finish=True)
+            return new_token_ids, stopped
+        if stopped and len(new_token_ids) < offered and not is_stale:
+            # vLLM stopped at a token before the last (speculative decoding).
+            # A finished request never computes again, but one that parks for
+            # its children resumes from its frontier: count the tokens vLLM
+            # cut as rejected drafts.
+            count_as_rejected(request, offered - len(new_token_ids))
+        st.preempted_at_stop = was_preempted
+        st.sampled += len(new_token_ids)
+        if st.accounting is not None:
+            self.fork_join.accounting.pop(request.request_id, None)
+            st.accounting = None
+        if st.scanner is None:  # it cannot spawn: no open children either
+            return new_token_ids, stopped
+        # 3. Scan them and apply what they mean.
+        parked, stopped = self._apply_events(st, new_token_ids, start, stopped)
+        if parked:
+            return new_token_ids, True
+        if stopped:
+            self._finish_or_park(st)
+        return new_token_ids, stopped
+
+    def _apply_events(self, st: HookState, new_token_ids: list[int], start: int,
+                      stopped: bool) -> tuple[bool, bool]:
+        """Apply the scanner's events for ``new_token_ids``: spawn children,
+        park at a ``<sync>`` or fork tag, end a child at its end tag.
+        Returns (parked, stopped)."""
+        request = st.request
+        tree = self.fork_join.tree
+        for ev in st.scanner.feed(new_token_ids, start):
+            if isinstance(ev, PayloadClosed):
+                self.spawning.spawn(st, ev)
+            elif isinstance(ev, PromiseIgnored):
+                self.spawning.ignore_promise(st, ev.pos, ev.reason)
+            elif isinstance(ev, ForkReached):
+                self.spawning.fork(st, ev)
+            elif isinstance(ev, EndTagReached) and not stopped:
+                # A child's end tag (the step's last token, see speculative):
+                # it finishes here, the tag kept in its output.
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = self.hooks.child_end_tag
+                st.ended_by_tag = True
+                return False, True
+            if (isinstance(ev, (SyncReached, ForkReached))
+                    and tree.has_open_children(request.request_id)):
+                # The step's last token (see speculative); a fork joins when
+                # its children end.
+                self.parking.park(st, stopped_by_finish=stopped)
+                return True, True
+        return False, stopped
+
+    def _finish_or_park(self, st: HookState) -> None:
+        """The request stopped: a payload still open spawns, and a request
+        with open children parks until they end."""
+        request = st.request
+        end = request.num_tokens
+        if request.status == RequestStatus.FINISHED_STOPPED:
+            end -= 1  # the EOS / stop token is not part of a payload
+        for ev in st.scanner.finish(end):
+            self.spawning.spawn(st, ev)
+        if self.fork_join.tree.has_open_children(request.request_id):
+            self.parking.park(st, stopped_by_finish=True)
+
+    def _handle_stopped_request(self, request: Request) -> bool:
+        fj = self.fork_join
+        if request.request_id not in fj.park_pending:
+            return super()._handle_stopped_request(request)
+        # Parked: vLLM keeps a stopped resumable request, with its blocks.
+        fj.park_pending.discard(request.request_id)
+        was_resumable, request.resumable = request.resumable, True
+        try:
+            finished = super()._handle_stopped_request(request)
+        finally:
+            request.resumable = was_resumable
+        assert not finished
+        return False
+
+    def update_draft_token_ids(self, draft_token_ids) -> None:
+        super().update_draft_token_ids(draft_token_ids)
+        if self.fork_join.num_parked:
+            self.speculative.drop_parked_drafts(draft_token_ids)
+
+    # -------------------------------------------------------------- output
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        fj = self.fork_join
+        if fj.requeue_after_step:
+            self.parking.requeue_preempted()
+        if fj.idle:
+            return outputs
+        parked_now, fj.parked_this_step = fj.parked_this_step, set()
+        self.joins.filter_outputs(outputs, parked_now)
+        self.joins.join_ready()
+        self.joins.deliver_pending(outputs)
+        fj.ended_children.clear()
+        self._publish_metrics()
+        return outputs
+
+    def get_num_unfinished_requests(self) -> int:
+        # A join decided outside update_from_output (a child aborted from
+        # outside) is delivered by the next step: keep the engine stepping.
+        fj = self.fork_join
+        pending = len(fj.ready_joins) + len(fj.pending_outputs)
+        return super().get_num_unfinished_requests() + pending
+
+    def shutdown(self) -> None:
+        self.metrics.remove()
+        super().shutdown()
+
+    # ------------------------------------------------------------- queries
+    def _publish_metrics(self) -> None:
+        self.metrics.set_gauges(open_children=len(self.fork_join.children),
+                                parked_requests=self.fork_join.num_parked)
+        self.metrics.maybe_write(force=not self.requests)
+
+    @property
+    def hook_stats(self) -> dict[str, int]:
+        """Counters since start (a copy): see vllm_seqhooks.engine.metrics.COUNTERS."""
+        out = dict(self.metrics.counters)
+        out.update({f"children_{k}": v for k, v in self.metrics.ended.items()})
+        return out
+
+    def hook_state_sizes(self) -> dict[str, int]:
+        """Sizes of the scheduler's fork/join state (for leak checks)."""
+        return self.fork_join.sizes(requests=len(self.requests))
+
+
+def _hooks_of(vllm_config) -> SpecialKwargs:
+    """The engine's hook settings, resolved against its tokenizer if needed."""
+    hooks = SpecialKwargs.from_additional_config(vllm_config.additional_config)
+    if hooks is None:
+        raise ValueError(
+            f"SeqHooksScheduler needs additional_config['{ADDITIONAL_CONFIG_KEY}'] (a "
+            "SpecialKwargs dict); use vllm_seqhooks.LLM(special_kwargs=...) or the "
+            "vllm serve flags")
+    if not hooks.is_resolved:
+        from vllm.tokenizers import cached_tokenizer_from_config
+
+        tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
+        hooks = hooks.resolve(tokenizer, vllm_config.model_config.get_vocab_size())
+    hooks.check_vocab(vllm_config.model_config.get_vocab_size())
+    return hooks
+
+
+def _model_name(model_config) -> str:
+    name = model_config.served_model_name
+    if isinstance(name, (list, tuple)):
+        name = name[0]
+    return str(name or model_config.model)
+
+
+def _order_by_family(num_scheduled_tokens: dict[str, int]) -> None:
+    """Put the step's requests in family order (the same dict, reordered)."""
+    order = grouped_order(list(num_scheduled_tokens))
+    if order is None:
+        return
+    counts = dict(num_scheduled_tokens)
+    num_scheduled_tokens.clear()
+    for rid in order:
+        num_scheduled_tokens[rid] = counts[rid]
+
+
+class SeqHooksSyncScheduler(SeqHooksMixin, Scheduler):
+    """Fork/join on vLLM's synchronous scheduler."""
+
+
+class SeqHooksAsyncScheduler(SeqHooksMixin, AsyncScheduler):
+    """Fork/join on vLLM's async scheduler (overlapped steps)."""
+
+
+class SeqHooksScheduler:
+    """Factory given to vLLM as ``scheduler_cls``: builds the async variant
+    when vLLM turned async scheduling on for this engine, else the sync one."""
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        kv_cache_config = kwargs.get("kv_cache_config", args[1] if len(args) > 1 else None)
+        refusal = unsupported_engine(vllm_config, kv_cache_config)
+        if refusal is not None:
+            raise ValueError(f"vllm-seqhooks: {refusal}")
+        impl = (
+            SeqHooksAsyncScheduler
+            if vllm_config.scheduler_config.async_scheduling
+            else SeqHooksSyncScheduler
+        )
+        return impl(*args, **kwargs)

@@ -1,0 +1,166 @@
+"""Spawning: a closed payload (or a tag format's fork, one child per label)
+becomes a child ``Request`` with its prompt, budget and sampling parameters
+(:mod:`vllm_seqhooks.core.join_plan` decides), queued family by family ahead
+of requests that have not started (:mod:`vllm_seqhooks.core.child_queue`)."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from vllm.v1.request import Request
+
+from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
+from vllm_seqhooks.core.child_queue import child_insert_index
+from vllm_seqhooks.core.join_plan import child_budget, promise_prompt, promise_prompt_len
+from vllm_seqhooks.core.request_tree import derive_seed
+from vllm_seqhooks.engine.state import HookState
+from vllm_seqhooks.formats.events import ForkReached, PayloadClosed
+from vllm_seqhooks.formats.tag_format import child_prompt
+
+# Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
+logger = logging.getLogger("vllm.seqhooks.scheduler")
+
+
+class Spawning:
+    """Spawns child requests from closed payloads and forks."""
+
+    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
+        self.sched = sched
+
+    # ------------------------------------------------------------ refusals
+    def spawn_refusal(self, st: HookState, ev: PayloadClosed) -> str | None:
+        """Why a closed payload spawns no child (None: it spawns one).
+        Changes nothing (the speculative look-ahead asks too)."""
+        refusal = self.sched.family_limits.refusal(st)
+        if refusal is not None:
+            return refusal
+        prompt_len = promise_prompt_len(self.sched.hooks, ev.start, ev.end, ev.context_end)
+        if prompt_len == 0:
+            return "empty_payload"
+        return "max_model_len" if prompt_len >= self.sched.max_model_len else None
+
+    def fork_refusal(self, st: HookState, ev: ForkReached) -> str | None:
+        """Why a fork tag spawns no (more) children (None: it does)."""
+        min_tokens = self.sched.hooks.fork_min_tokens
+        if min_tokens is not None and st.orig_max_tokens - st.sampled < min_tokens:
+            return "fork_min_tokens"
+        return self.sched.family_limits.refusal(st)
+
+    def ignore_promise(self, st: HookState, pos: int, reason: str) -> None:
+        node = self.sched.fork_join.tree.ensure_root(st.request.request_id)
+        node.ignored_promises.append({"position": pos, "reason": reason})
+        if st.family is not None:
+            st.family.promise_ignored(reason)
+        self.sched.metrics.inc("promises_ignored", 1)
+        logger.debug("%s: promise at %d ignored (%s)", st.request.request_id, pos, reason)
+
+    # ------------------------------------------------------------- spawning
+    def spawn(self, st: HookState, ev: PayloadClosed) -> None:
+        """A promise's child: its prompt is the parent's context or the payload."""
+        refusal = self.spawn_refusal(st, ev)
+        if refusal is not None:
+            self.ignore_promise(st, ev.start - 1, refusal)
+            return
+        tokens = st.request.all_token_ids
+        prompt = promise_prompt(self.sched.hooks, tokens, ev.start, ev.end, ev.context_end)
+        self._add_child(st, prompt, list(tokens[ev.start:ev.end]), ev.end)
+
+    def fork(self, st: HookState, ev: ForkReached) -> None:
+        """A tag format's fork: one child per label, each starting from the
+        parent's context through the fork tag, then its lead and header."""
+        sched = self.sched
+        fmt = sched.hooks.tag_format
+        codec = sched.admission.text_codec()
+        context = list(st.request.all_token_ids[: ev.pos + 1])
+        for label in ev.labels:
+            prompt, start = child_prompt(codec, context, ev.tag_start, fmt.child_start(label))
+            refusal = self.fork_refusal(st, ev)
+            if refusal is None and len(prompt) >= sched.max_model_len:
+                refusal = "max_model_len"
+            if refusal is not None:
+                self.ignore_promise(st, ev.pos, refusal)
+                continue
+            self._add_child(st, prompt, list(start), ev.pos, start,
+                            codec.encode(fmt.header(label)))
+
+    def _add_child(self, st: HookState, prompt: list[int], payload: list[int], closed_at: int,
+                   start_tokens=(), header_tokens=()) -> None:
+        """Queue a child with ``prompt``; its budget is what the parent had
+        left when it sampled the token at ``closed_at``."""
+        sched = self.sched
+        fj = sched.fork_join
+        parent = st.request
+        # (With speculative decoding, tokens after it may be in this step.)
+        sampled_after = max(0, parent.num_tokens - 1 - closed_at)
+        budget = child_budget(st.child_max_tokens, st.orig_max_tokens, st.sampled - sampled_after,
+                              sched.max_model_len - len(prompt))
+        if st.family is not None:
+            budget = st.family.child_budget(budget)
+        fj.tree.ensure_root(parent.request_id)
+        child_id = fj.tree.new_child_id(parent.request_id)
+        while child_id in sched.requests:  # a client request already has that id
+            child_id += "~"
+        node = fj.tree.add_child(parent.request_id, child_id, payload, len(prompt),
+                                 start_tokens, header_tokens)
+        child = Request(
+            request_id=child_id,
+            prompt_token_ids=prompt,
+            sampling_params=_child_params(parent, budget, node.key),
+            pooling_params=None,
+            client_index=parent.client_index,
+            # A child queues at its parent's place (priority policy orders by
+            # arrival time), ahead of requests that arrived after the parent.
+            arrival_time=parent.arrival_time,
+            lora_request=parent.lora_request,
+            cache_salt=parent.cache_salt,
+            priority=parent.priority,
+            trace_headers=parent.trace_headers,
+            block_hasher=parent._block_hasher,
+        )
+        fj.children[child_id] = child
+        sched.add_request(child)
+        sched.family_limits.child_spawned(st.family, child_id)
+        self._queue_first(child)
+        sched.metrics.inc("children_spawned", 1)
+        sched.metrics.inc("fork_prompt_tokens", len(prompt))
+        logger.debug("%s spawned %s (key %s, %d prompt tokens, budget %d)",
+                     parent.request_id, child_id, node.key, len(prompt), budget)
+
+    # --------------------------------------------------------------- queue
+    def _queue_first(self, child: Request) -> None:
+        """Children wait ahead of requests that have not started, family by
+        family. With the priority policy the parent's arrival time already
+        orders the child so."""
+        queue = self.sched.waiting
+        if isinstance(queue, deque) and queue and queue[-1] is child:
+            queue.pop()
+            self._insert_child(queue, child)
+
+    def requeue_child(self, child: Request) -> None:
+        """A preempted child (vLLM put it at the front of the queue) waits
+        at its family's place too."""
+        queue = self.sched.waiting
+        if isinstance(queue, deque) and queue and queue[0] is child:
+            queue.popleft()
+            self._insert_child(queue, child)
+
+    def _insert_child(self, queue: deque, child: Request) -> None:
+        children = self.sched.fork_join.children
+        queue.insert(child_insert_index(
+            ((r.request_id in children, r.arrival_time) for r in queue),
+            child.arrival_time), child)
+
+
+def _child_params(parent: Request, budget: int, key: str):
+    """A child's sampling parameters: its parent's, with ``n=1``, its own
+    budget and key, and a seed derived from a seeded parent's."""
+    sp = parent.sampling_params.clone()
+    sp.n = 1
+    sp.max_tokens = budget
+    extra = dict(sp.extra_args or {})
+    extra.pop(SAMPLED_BEFORE_ARG, None)
+    extra[CHILD_KEY_ARG] = key
+    sp.extra_args = extra
+    if sp.seed is not None:
+        sp.seed = derive_seed(sp.seed, key)
+    return sp

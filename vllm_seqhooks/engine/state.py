@@ -1,0 +1,141 @@
+"""What the fork/join scheduler keeps: per request (:class:`HookState`) and
+for the whole engine (:class:`ForkJoinState`), each defined once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm_seqhooks.core.family_limits import FamilyLedger
+from vllm_seqhooks.core.request_tree import JoinRecord, RequestTree
+from vllm_seqhooks.formats.events import HookScanner
+
+if TYPE_CHECKING:
+    from vllm.v1.engine import EngineCoreOutput
+    from vllm.v1.request import Request, RequestStatus
+
+
+@dataclass
+class HookState:
+    """What the scheduler keeps for one request with hooks."""
+
+    request: Request
+    scanner: HookScanner | None
+    orig_prompt_len: int
+    orig_max_tokens: int
+    orig_min_tokens: int
+    sampled: int = 0
+    #: Set while the request is parked because it finished with open
+    #: children: the status it finishes with once they are merged.
+    final_status: RequestStatus | None = None
+    final_stop_reason: int | str | None = None
+    #: Position of the token that stopped the request (EOS / stop token).
+    stop_pos: int | None = None
+    parked: bool = False
+    spilled_frontier: int | None = None
+    #: The join whose prefill is being counted, until the parent samples.
+    accounting: JoinRecord | None = None
+    first_scheduled: bool = False
+    preempted_at_stop: bool = False
+    child_max_tokens: int | None = None
+    separator: tuple[int, ...] = ()
+    #: The limits of the family this request belongs to (None: no limits,
+    #: the request cannot spawn).
+    family: FamilyLedger | None = None
+    #: A child of a tag format that stopped at its end tag.
+    ended_by_tag: bool = False
+
+
+@dataclass(eq=False)
+class ForkJoinState:
+    """Everything the scheduler keeps for fork/join, across requests."""
+
+    tree: RequestTree = field(default_factory=RequestTree)
+    #: Per-request state of every request with hooks.
+    states: dict[str, HookState] = field(default_factory=dict)
+    #: Live child requests (their outputs never leave EngineCore).
+    children: dict[str, Request] = field(default_factory=dict)
+    #: Children that ended in this step (their outputs are still filtered).
+    ended_children: set[str] = field(default_factory=set)
+    #: Requests that stop in this step and must be parked, not finished.
+    park_pending: set[str] = field(default_factory=set)
+    parked_this_step: set[str] = field(default_factory=set)
+    num_parked: int = 0
+    #: Parents whose children have all ended, to join in this step.
+    ready_joins: list[str] = field(default_factory=list)
+    #: Outputs (client_index, output) made outside update_from_output,
+    #: delivered by the next one.
+    pending_outputs: list[tuple[int, EngineCoreOutput]] = field(default_factory=list)
+    #: Parents parked while vLLM preempted them, queued again after the step.
+    requeue_after_step: list[Request] = field(default_factory=list)
+    #: Joined parents whose resume prefill is being counted.
+    accounting: dict[str, HookState] = field(default_factory=dict)
+    #: Family ledgers by root request id, those with a deadline, and those
+    #: to cut at the next step.
+    families: dict[str, FamilyLedger] = field(default_factory=dict)
+    timed_families: set[FamilyLedger] = field(default_factory=set)
+    families_to_cut: list[FamilyLedger] = field(default_factory=list)
+    #: Child request id -> clock reading at which it times out.
+    child_deadlines: dict[str, float] = field(default_factory=dict)
+    #: Waiting requests vLLM skips in this step's admission (fair share).
+    held_this_step: set[str] = field(default_factory=set)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight: a step's outputs need no fork/join handling."""
+        return not (self.children or self.parked_this_step or self.pending_outputs
+                    or self.ready_joins or self.ended_children or self.tree.nodes)
+
+    # ------------------------------------------------------------ parking
+    def unpark(self, st: HookState) -> None:
+        if st.parked:
+            st.parked = False
+            self.num_parked -= 1
+
+    # ----------------------------------------------------------- removal
+    def drop_state(self, rid: str) -> HookState | None:
+        """Forget a request's hook state (recording its sampled tokens in
+        its tree node)."""
+        st = self.states.pop(rid, None)
+        if st is not None:
+            self.unpark(st)
+            node = self.tree.get(rid)
+            if node is not None:
+                node.sampled_tokens = st.sampled
+        return st
+
+    def drop_family(self, rid: str) -> FamilyLedger | None:
+        family = self.families.pop(rid, None)
+        if family is not None:
+            self.timed_families.discard(family)
+        return family
+
+    def forget(self, rid: str) -> None:
+        """Forget everything about a request (its whole tree if it is a root)."""
+        self.drop_state(rid)
+        self.children.pop(rid, None)
+        self.accounting.pop(rid, None)
+        self.child_deadlines.pop(rid, None)
+        self.park_pending.discard(rid)
+        node = self.tree.get(rid)
+        if node is not None and node.parent_id is None:
+            self.tree.pop_tree(rid)
+        self.drop_family(rid)
+
+    def drop_tree(self, rid: str) -> None:
+        for node in self.tree.pop_tree(rid):
+            self.forget(node.request_id)
+
+    def sizes(self, **extra: Any) -> dict[str, int]:
+        """Sizes of the state (for leak checks)."""
+        return {
+            "nodes": len(self.tree),
+            "hook_states": len(self.states),
+            "children": len(self.children),
+            "accounting": len(self.accounting),
+            "pending_outputs": len(self.pending_outputs),
+            "parked": self.num_parked,
+            "families": len(self.families),
+            "child_deadlines": len(self.child_deadlines),
+            **extra,
+        }
