@@ -1,5 +1,5 @@
 """The pure decisions around a fork and a join (vllm_seqhooks.core.join_plan,
-vllm_seqhooks.core.request_hooks)."""
+vllm_seqhooks.core.admission)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from vllm_seqhooks.core.join_plan import (
     resumes,
 )
 from vllm_seqhooks.config.presets import expand
-from vllm_seqhooks.core.request_hooks import request_hooks
+from vllm_seqhooks.core.admission import request_hooks
 from vllm_seqhooks.formats.request_scanner import request_scanner
 from vllm_seqhooks.formats.promise import PromiseScanner
 

@@ -11,7 +11,7 @@ from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsErro
 from vllm_seqhooks.config.presets import MODEL_FILE, expand
 
 
-def test_promise_preset_is_the_seeds_protocol():
+def test_promise_preset_is_the_promise_protocol():
     assert expand("promise") == {"sync_token": "<sync>", "promise_token": "<promise>",
                                  "promise_end_token": "</promise>"}
 

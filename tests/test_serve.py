@@ -346,10 +346,9 @@ def test_adversarial_request_values_answer_400_and_serving_goes_on(server, clien
     from vllm_seqhooks.config.request_keys import REQUEST_OVERRIDE_KEYS
 
     url = server[0]
-    kinds = {None: "bool", "text": "text", "seconds": "seconds"}
     tried = 0
-    for key, minimum in REQUEST_OVERRIDE_KEYS.items():
-        kind = kinds.get(minimum, "int")
+    for key, check in REQUEST_OVERRIDE_KEYS.items():
+        kind, minimum = check.kind, getattr(check, "minimum", None)
         for raw in _bad_values(kind):
             if kind == "int" and raw == "-1" and minimum == 0:
                 raw = "-2"
@@ -369,7 +368,7 @@ def test_adversarial_request_values_answer_400_and_serving_goes_on(server, clien
         client.completions.create(model=tiny_model_dir, prompt="x", max_tokens=4,
                                   extra_body={"vllm_xargs": {"seqhooks_max_descendants": 10**30}})
     # Huge integers are accepted: they are lowered to the server's limits.
-    huge = {k: 2**62 for k, m in REQUEST_OVERRIDE_KEYS.items() if isinstance(m, int)}
+    huge = {k: 2**62 for k, m in REQUEST_OVERRIDE_KEYS.items() if m.kind == "int"}
     ok = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
                                    temperature=0,
                                    extra_body={"vllm_xargs": {**xargs(S, SCRIPT, CHILDREN),

@@ -3,7 +3,9 @@ per-request keys (pure, no vLLM import).
 
 Each factory returns a check ``(name, value) -> value``: it returns the value
 (normalised: a tuple for a list of ids, a float for seconds) or raises
-:class:`SpecialKwargsError` naming the setting.
+:class:`SpecialKwargsError` naming the setting. A check's ``kind`` says what
+it accepts ("int", "token_id", "token_ids", "text", "choice", "seconds",
+"bool"); an integer check also has its ``minimum``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,17 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _kind(kind: str, **attrs: Any) -> Callable[[Check], Check]:
+    def mark(check: Check) -> Check:
+        check.kind = kind  # type: ignore[attr-defined]
+        for name, value in attrs.items():
+            setattr(check, name, value)
+        return check
+    return mark
+
+
 def integer(minimum: int, *, optional: bool = False) -> Check:
+    @_kind("int", minimum=minimum)
     def check(name: str, value: Any) -> Any:
         if value is None and optional:
             return None
@@ -35,6 +47,7 @@ def integer(minimum: int, *, optional: bool = False) -> Check:
     return check
 
 
+@_kind("token_id")
 def token_id(name: str, value: Any) -> Any:
     """An optional token id (``None`` or an integer >= 0)."""
     if value is None:
@@ -47,6 +60,7 @@ def token_id(name: str, value: Any) -> Any:
     return value
 
 
+@_kind("token_ids")
 def token_ids(name: str, value: Any) -> Any:
     """An optional list of token ids, kept as a tuple."""
     if value is None:
@@ -57,6 +71,7 @@ def token_ids(name: str, value: Any) -> Any:
 
 
 def text(*, optional: bool = False, non_empty: bool = False) -> Check:
+    @_kind("text")
     def check(name: str, value: Any) -> Any:
         if value is None and optional:
             return None
@@ -68,6 +83,7 @@ def text(*, optional: bool = False, non_empty: bool = False) -> Check:
 
 
 def choice(options: tuple[str, ...]) -> Check:
+    @_kind("choice", options=options)
     def check(name: str, value: Any) -> Any:
         if value not in options:
             raise SpecialKwargsError(f"{name} must be one of {options}, got {value!r}")
@@ -77,6 +93,7 @@ def choice(options: tuple[str, ...]) -> Check:
 
 def seconds(*, optional: bool = True) -> Check:
     """A time limit in seconds: a finite number > 0 (a float)."""
+    @_kind("seconds")
     def check(name: str, value: Any) -> Any:
         if value is None and optional:
             return None
@@ -89,6 +106,7 @@ def seconds(*, optional: bool = True) -> Check:
     return check
 
 
+@_kind("bool")
 def flag(name: str, value: Any) -> Any:
     """True or false."""
     if not isinstance(value, bool):
@@ -96,6 +114,7 @@ def flag(name: str, value: Any) -> Any:
     return value
 
 
+@_kind("bool")
 def loose_flag(name: str, value: Any) -> Any:
     """True or false, also written as "true"/"false"/"1"/"0" or 0/1 (the
     flat values of an HTTP request's ``vllm_xargs``)."""

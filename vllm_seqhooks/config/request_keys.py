@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from vllm_seqhooks.config import field_checks as check
-from vllm_seqhooks.config.field_checks import SpecialKwargsError
 
 #: Prefix of every per-request key of this package.
 REQUEST_KEY_PREFIX = "seqhooks_"

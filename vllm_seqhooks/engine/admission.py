@@ -1,5 +1,5 @@
 """A request's hook settings, decided as it is added: per-request overrides
-from ``extra_args`` within the server's limits (:mod:`vllm_seqhooks.core.request_hooks`
+from ``extra_args`` within the server's limits (:mod:`vllm_seqhooks.core.admission`
 decides), its scanner, its family's ledger; and the model's text codec."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from vllm.v1.request import Request
 
 from vllm_seqhooks.config.request_keys import parse_request_overrides
 from vllm_seqhooks.config.special_kwargs import SpecialKwargsError
-from vllm_seqhooks.core.request_hooks import request_hooks
+from vllm_seqhooks.core.admission import request_hooks
 from vllm_seqhooks.formats.request_scanner import request_scanner
 from vllm_seqhooks.formats.text_codec import TextCodec
 from vllm_seqhooks.engine.state import HookState

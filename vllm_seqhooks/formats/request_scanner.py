@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from vllm_seqhooks.core.request_hooks import RequestHooks
+from vllm_seqhooks.core.admission import RequestHooks
 from vllm_seqhooks.formats.events import HookScanner
 from vllm_seqhooks.formats.promise import PromiseScanner
 from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner

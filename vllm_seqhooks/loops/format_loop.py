@@ -7,13 +7,13 @@ Each round, for all unfinished parents at once (lockstep):
 1. one ``LLM.generate`` call continues every parent, stopping at the fork tag
    (a stop string; vLLM keeps the token that completed it in ``token_ids``);
 2. the tokens are read with the engine's own
-   :class:`~vllm_seqhooks.formats.tag_format.TagFormatScanner` (outline items, limits);
+   :class:`~vllm_seqhooks.formats.tag_format_scanner.TagFormatScanner` (outline items, limits);
 3. one ``LLM.generate`` call runs every child: the parent's context through
    the fork tag, then the child's lead and header; it stops at the end tag;
    a child that ends otherwise gets ``child_eos_text`` instead of its EOS;
 4. each parent is re-submitted with the headers, the children's outputs and
    the suffix appended (token ids, laid out by
-   :func:`~vllm_seqhooks.formats.tag_format.merged_layout`); the prefix cache serves
+   :func:`~vllm_seqhooks.core.join_plan.merged_layout`); the prefix cache serves
    the context computed before.
 
 One level of children (``max_child_depth=1``); budgets as the engine's: a

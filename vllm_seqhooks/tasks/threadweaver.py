@@ -24,9 +24,9 @@ Every tag is one token of the model's tokenizer (:data:`TAGS`, added to the
 character tokenizer of :mod:`vllm_seqhooks.testing.tiny_model`).  The token
 ids of the training sequences are laid out by the engine's own format code
 (:func:`sequences`): the fork found by
-:class:`~vllm_seqhooks.formats.tag_format.TagFormatScanner`, child prompts by
+:class:`~vllm_seqhooks.formats.tag_format_scanner.TagFormatScanner`, child prompts by
 :func:`~vllm_seqhooks.formats.tag_format.child_prompt`, the merge by
-:func:`~vllm_seqhooks.formats.tag_format.merged_layout`, with the
+:func:`~vllm_seqhooks.core.join_plan.merged_layout`, with the
 :class:`~vllm_seqhooks.formats.tag_format.TagFormat` the model's own ``seqhooks.json``
 settings give.
 

@@ -32,7 +32,7 @@ script that has not imported vLLM yet.  :func:`available` /
 skip with the reason on developer machines without it; ``setup.sh``, hence
 CI, installs it).  :func:`uses_v2_model_runner` predicts, from engine
 arguments, which runner vLLM will use (to pick the scripted logits processor,
-see :func:`vllm_seqhooks.testing.scripted.scripted_processor_for`).
+see :func:`vllm_seqhooks.testing.forkjoin.scripted_processor_for`).
 
 Example (a test)::
 
