@@ -4,6 +4,7 @@ the tokens a fresh request would get, the merge layout, the presets."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -14,7 +15,8 @@ import pytest
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
 from vllm_seqhooks.core.join_plan import merged_layout
 from vllm_seqhooks.formats.events import EndTagReached, ForkReached
-from vllm_seqhooks.formats.tag_format import TagFormat, TagFormatError, child_prompt
+from vllm_seqhooks.formats.boundaries import child_prompt
+from vllm_seqhooks.formats.tag_format import TagFormat, TagFormatError
 from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
 from vllm_seqhooks.formats.text_codec import TextCodec
 from vllm_seqhooks.config.presets import PRESETS, expand
@@ -186,25 +188,36 @@ def test_fixed_count_and_end_tags():
 
 
 def test_child_prompt_is_what_a_fresh_request_gets(tokenizer):
+    """"text": a child's prompt is the tokens of the parent's text cut at the
+    fork tag's last byte plus the lead and header, as one string, whatever
+    the token holding the tag's last byte carries past it; "ids": the
+    parent's tokens as sampled, then the lead and header encoded alone."""
     codec = _codec(tokenizer)
     rng = random.Random(3)
     words = _corpus().split()
     for name in TAG_PRESETS:
-        fmt = SpecialKwargs(**expand(name)).tag_format
+        fmt = dataclasses.replace(SpecialKwargs(**expand(name)).tag_format,
+                                  boundary_tokenization="text")
+        ids_fmt = dataclasses.replace(fmt, boundary_tokenization="ids")
         compared = 0
-        for _ in range(20):
+        for _ in range(40):
             text = " ".join(rng.choices(words, k=5)) + rng.choice(["", " ", "\n", "x"]) + fmt.fork_tag
-            context = list(tokenizer.encode(text, add_special_tokens=False))
-            hit = TagScanner(codec.table, [fmt.fork_tag.encode()]).feed(context, 0)[-1]
+            after = rng.choice(["", "\n", "\n\n", " ", "x", "1", "<", "></x>"])
+            sampled = list(tokenizer.encode(text + after, add_special_tokens=False))
+            hit = TagScanner(codec.table, [fmt.fork_tag.encode()]).feed(sampled, 0)[-1]
+            context = sampled[: hit.pos + 1]
             label = str(rng.randint(1, 12))
-            prompt, start = child_prompt(codec, context, hit.first_pos, fmt.child_start(label))
+            prompt, kept = child_prompt(codec, fmt, context, hit.first_pos, label)
             fresh = tokenizer.encode(text + fmt.child_start(label), add_special_tokens=False)
+            assert prompt[:kept] == context[:kept]
             if fresh[: hit.first_pos] == context[: hit.first_pos]:
-                assert prompt == fresh, (name, text)
+                assert prompt == fresh, (name, text, after)
                 compared += 1
             assert codec.text(prompt) == (text + fmt.child_start(label)).encode()
-            assert codec.text(start) == fmt.child_start(label).encode()
-        assert compared >= 10, name
+            ids_prompt, ids_kept = child_prompt(codec, ids_fmt, context, hit.first_pos, label)
+            assert ids_kept == len(context)
+            assert ids_prompt == [*context, *codec.encode(fmt.child_start(label))]
+        assert compared >= 20, name
 
 
 def test_merge_layout():

@@ -50,7 +50,9 @@ def assert_idle(h: SchedHarness) -> None:
 @MODES
 @pytest.mark.parametrize("spec", [0, 3], ids=["one_token", "spec3"])
 def test_threadweaver_fork_and_implicit_join(async_sched, spec):
-    h = harness("threadweaver", async_sched, num_spec_tokens=spec)
+    # The parent goes on after a child that ended without its end tag.
+    h = harness("threadweaver", async_sched, num_spec_tokens=spec,
+                overrides={"unclosed_child_stop_text": None})
     h.scripts["r"] = enc(TW_PARENT + "</Parallel> 42") + [EOS]
     # Child 0 ends at its end tag (what it would write after is never
     # sampled); child 1 ends at EOS, which becomes "\n</Thread>".
@@ -78,6 +80,24 @@ def test_threadweaver_fork_and_implicit_join(async_sched, spec):
     assert join["prefilled_tokens"] + join["reused_tokens"] == context + merged
     child0 = context + len(enc("\n<Thread>\n1: alpha</Thread>"))
     assert join["reused_tokens"] == (child0 - 1) // 16 * 16 > context - 1
+    assert_idle(h)
+
+
+@MODES
+def test_threadweaver_child_without_end_tag_ends_the_parent(async_sched):
+    """ThreadWeaver's orchestrators stop the whole generation when a thread
+    ends without </Thread> (EOS or out of tokens): the preset merges every
+    thread, closes the parallel block and finishes the parent (length)."""
+    h = harness("threadweaver", async_sched)
+    h.scripts["r"] = enc(TW_PARENT + "</Parallel> never")
+    h.scripts[child_id("r", 0)] = enc(" alpha</Thread>")
+    h.scripts[child_id("r", 1)] = enc(" beta") + [EOS]
+    h.add("r", enc("Q:"), max_tokens=300)
+    h.run(600)
+    assert dec(h.tokens["r"]) == (
+        TW_PARENT + "\n<Thread>\n1: alpha</Thread><Thread>\n2: beta\n</Thread>"
+        "\n<Conclusion>\n</Conclusion>\n</Parallel>")
+    assert h.finish_reasons["r"] == FinishReason.LENGTH
     assert_idle(h)
 
 

@@ -64,8 +64,9 @@ def native(request, in_process, tiny_model_dir):
     from vllm_seqhooks.llm import LLM
     from vllm_seqhooks.testing.forkjoin import scripted_engine_kwargs
 
+    # Children without their end tag here: every parent goes on after them.
     spec = {"format": request.param, "max_child_depth": 1, "fork_min_tokens": None,
-            "child_max_tokens": 20}
+            "child_max_tokens": 20, "unclosed_child_stop_text": None}
     llm = LLM(tiny_model_dir, special_kwargs=spec, **scripted_engine_kwargs(tiny_model_dir))
     yield request.param, spec, llm
     del llm

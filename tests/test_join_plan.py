@@ -9,6 +9,7 @@ from vllm_seqhooks.formats.text_codec import TextCodec
 from vllm_seqhooks.core.join_plan import (
     child_budget,
     contribution,
+    common_prefix,
     first_child_covers,
     fit_merge,
     promise_prompt,
@@ -50,9 +51,24 @@ def test_budget_merge_fit_and_resume():
 
 def test_first_child_covers_past_the_parent():
     # 16-token blocks; the child's last sampled token was never computed.
-    assert first_child_covers(child_tokens=49, parent_computed=40, block_size=16)  # 48 > 40
-    assert not first_child_covers(child_tokens=48, parent_computed=40, block_size=16)  # 32
-    assert not first_child_covers(child_tokens=49, parent_computed=48, block_size=16)
+    assert first_child_covers(shared_tokens=49, child_tokens=49, parent_computed=40,
+                              block_size=16)  # 48 > 40
+    assert not first_child_covers(shared_tokens=48, child_tokens=48, parent_computed=40,
+                                  block_size=16)  # 32
+    assert not first_child_covers(shared_tokens=49, child_tokens=49, parent_computed=48,
+                                  block_size=16)
+    # Only the tokens the parent's resumed sequence shares with the child's
+    # count: a merge re-tokenized from token 45 on reuses 32 of them.
+    assert not first_child_covers(shared_tokens=45, child_tokens=60, parent_computed=40,
+                                  block_size=16)
+    assert first_child_covers(shared_tokens=45, child_tokens=60, parent_computed=20,
+                              block_size=16)
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
 
 
 def test_promise_prompts():

@@ -67,10 +67,11 @@ def test_sequences_are_the_engines_layout(codec):
     and the engine's scanners fork and stop exactly where the texts say."""
     from vllm_seqhooks.core.join_plan import merged_layout
     from vllm_seqhooks.formats.events import EndTagReached, ForkReached
-    from vllm_seqhooks.formats.tag_format import child_prompt
+    from vllm_seqhooks.formats.boundaries import child_prompt
     from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
 
     fmt = task.tag_format()
+    assert fmt.boundary_tokenization == "text"  # one token per tag: the same as "ids"
     assert fmt.fork_tag == "</Outlines>" and fmt.child_end_tag == "</Thread>"
     dec = lambda ids: codec.text(ids).decode()  # noqa: E731
     for p in task.generate_problems(300, seed=5):
@@ -92,7 +93,9 @@ def test_sequences_are_the_engines_layout(codec):
         assert fork.pos == len(context) - 1 and fork.tag_start == fork.pos
         starts, headers, outputs = [], [], []
         for i, (child, chunk) in enumerate(zip(children, p.chunks), 1):
-            want, start = child_prompt(codec, context, fork.tag_start, fmt.child_start(str(i)))
+            want, _ = child_prompt(codec, fmt, context, fork.tag_start, str(i))
+            assert want[: len(context)] == context
+            start = want[len(context):]
             n = len(want)
             assert list(child.ids[:n]) == want and child.label == str(i)
             assert dec(child.ids[n:]) == task.solve(chunk) + "</Thread>"

@@ -45,6 +45,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "child_eos_text": "\n</Thread>",
         "merge_separator": "",
         "merge_suffix": "\n<Conclusion>\n",
+        "unclosed_child_stop_text": "\n<Conclusion>\n</Conclusion>\n</Parallel>",
+        "boundary_tokenization": "text",
     },
     "multiverse": {
         "fork_tag": "</Goal>",
@@ -57,6 +59,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "merge_suffix": "\n<Conclusion>\n",
         "max_child_depth": 5,
         "fork_min_tokens": 30,
+        "boundary_tokenization": "ids",
     },
     "npr": {
         "fork_tag": "</guideline>",
@@ -69,6 +72,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "merge_suffix": "\n<takeaway>\n",
         "max_child_depth": 5,
         "fork_min_tokens": 1024,
+        "boundary_tokenization": "ids",
     },
     "parallel-r1": {
         "fork_tag": "<Parallel>",
@@ -77,6 +81,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "child_end_tag": "</Path>",
         "merge_separator": "",
         "merge_suffix": "</Parallel>\n<Summary>",
+        "boundary_tokenization": "ids",
     },
 }
 

@@ -100,6 +100,8 @@ class SpecialKwargs:
     child_eos_text: str | None = None
     merge_suffix: str = ""
     fork_min_tokens: int | None = None
+    boundary_tokenization: str = "text"
+    unclosed_child_stop_text: str | None = None
     # Filled in by resolve(); part of the JSON form so that the engine does not
     # need to tokenize again.
     merge_separator_token_ids: tuple[int, ...] | None = field(default=None)

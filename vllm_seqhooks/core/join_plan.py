@@ -69,13 +69,25 @@ def resumes(*, truncated: bool, merged: int, room: int, remaining: int,
     return not (truncated or merged >= room or remaining <= 0 or family_stops)
 
 
-def first_child_covers(child_tokens: int, parent_computed: int, block_size: int) -> bool:
-    """A tag format's merge starts with the first child's own sequence
-    (``child_tokens``: its prompt and what it sampled); whether the KV blocks
-    that child filled (its last sampled token was never computed) go past
-    what the parent computed, so that resuming through the prefix cache
-    reuses them."""
-    return (child_tokens - 1) // block_size * block_size > parent_computed
+def first_child_covers(shared_tokens: int, child_tokens: int, parent_computed: int,
+                       block_size: int) -> bool:
+    """A tag format's merge starts like the first child's own sequence (the
+    parent's context, the child's start, its output): whether the KV blocks
+    that child filled with the ``shared_tokens`` its sequence
+    (``child_tokens``: its prompt and what it sampled, the last never
+    computed) shares with the parent's resumed one go past what the parent
+    computed, so that resuming through the prefix cache reuses them."""
+    shared = min(shared_tokens, child_tokens - 1)
+    return shared // block_size * block_size > parent_computed
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def merged_layout(starts: Sequence[Sequence[int]], headers: Sequence[Sequence[int]],

@@ -59,6 +59,9 @@ class HookNode:
     #: context (lead and header), and its header alone, for the merge.
     start_tokens: tuple[int, ...] = ()
     header_tokens: tuple[int, ...] = ()
+    #: Tag formats: its outline label, and what it gives a ``"text"`` merge.
+    label: str | None = None
+    output_text: bytes | None = None
     state: str = RUNNING
     spawn_time: float | None = None
     finish_time: float | None = None
@@ -117,6 +120,7 @@ class RequestTree:
         prompt_tokens: int,
         start_tokens: Sequence[int] = (),
         header_tokens: Sequence[int] = (),
+        label: str | None = None,
     ) -> HookNode:
         parent = self.ensure_root(parent_id)
         index = len(parent.children)
@@ -131,6 +135,7 @@ class RequestTree:
             prompt_tokens=prompt_tokens,
             start_tokens=tuple(start_tokens),
             header_tokens=tuple(header_tokens),
+            label=label,
         )
         self.nodes[child_id] = child
         parent.children.append(child_id)
@@ -188,9 +193,11 @@ class RequestTree:
         state: str,
         output_tokens: Sequence[int] | None,
         finish_reason: str | None,
+        output_text: bytes | None = None,
     ) -> str | None:
-        """Record a child's end. Returns its parent id when that parent is
-        blocked and can now join."""
+        """Record a child's end (what it gives its parent: ``output_tokens``,
+        and ``output_text`` for a tag format's ``"text"`` merge). Returns its
+        parent id when that parent is blocked and can now join."""
         assert state in ENDED, state
         node = self.nodes.get(child_id)
         if node is None or node.state != RUNNING:
@@ -198,6 +205,7 @@ class RequestTree:
         node.state = state
         node.finish_time = self._clock()
         node.output_tokens = list(output_tokens or ())
+        node.output_text = output_text
         node.finish_reason = finish_reason
         parent = self.nodes.get(node.parent_id) if node.parent_id else None
         if parent is not None and parent.blocked and self.ready_to_join(parent.request_id):

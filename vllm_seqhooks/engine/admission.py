@@ -76,6 +76,11 @@ class Admission:
             return default
         return codec.encode(text)
 
+    def use_text_codec(self, codec: TextCodec) -> None:
+        """Read text through ``codec`` instead of the model's tokenizer
+        (test harnesses that schedule without a model)."""
+        self._codec = codec
+
     def text_codec(self, required: bool = True) -> TextCodec | None:
         """Text and token bytes through the model's tokenizer, loaded in
         EngineCore on first use (none with ``skip_tokenizer_init``)."""

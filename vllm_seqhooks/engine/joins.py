@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 from vllm_seqhooks.config.request_keys import SAMPLED_BEFORE_ARG
-from vllm_seqhooks.core.join_plan import contribution, first_child_covers, fit_merge, resumes
+from vllm_seqhooks.core.join_plan import (
+    common_prefix, contribution, first_child_covers, fit_merge, resumes)
 from vllm_seqhooks.core.request_tree import FAILED, FINISHED, MERGED, JoinRecord
 from vllm_seqhooks.core.trace import TRACE_KEY, build_trace
 from vllm_seqhooks.engine.state import HookState
+from vllm_seqhooks.formats.boundaries import ChildText, child_text, join_tokens
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -63,11 +66,12 @@ class Joins:
         """A parked request's output of this step: not finished, and without
         the stop token it finished with (the frontend drops the last token of
         a stop-terminated output from the text, so it must come after the
-        merged tokens)."""
+        merged tokens) or the fork tag's last token (the join replaces it)."""
         out.finish_reason = None
         out.stop_reason = None
         st = self.sched.fork_join.states.get(out.request_id)
-        if st is not None and st.stop_pos is not None and out.new_token_ids:
+        if (st is not None and (st.stop_pos is not None or st.fork is not None)
+                and out.new_token_ids):
             out.new_token_ids = list(out.new_token_ids[:-1])
 
     def deliver_pending(self, outputs: dict[int, EngineCoreOutputs]) -> None:
@@ -96,12 +100,14 @@ class Joins:
         if rid not in fj.children:
             return
         st = fj.states.get(rid)
-        tokens = self.contribution(st) if state == FINISHED and st is not None else []
+        tokens, text = ([], None)
+        if state == FINISHED and st is not None:
+            tokens, text = self.contribution(st)
         reason = str(finish_reason) if finish_reason is not None else state
-        self._close_child(rid, st, state, tokens, reason)
+        self._close_child(rid, st, state, tokens, reason, text)
 
     def _close_child(self, rid: str, st: HookState | None, state: str, tokens: list[int],
-                     reason: str) -> None:
+                     reason: str, text: bytes | None = None) -> None:
         """A child ended: its state goes, its parent gets ``tokens`` and joins
         once its other open children have ended too."""
         fj = self.sched.fork_join
@@ -109,28 +115,44 @@ class Joins:
         fj.ended_children.add(rid)
         fj.drop_state(rid)  # records its sampled tokens in its node
         fj.accounting.pop(rid, None)
+        fmt = self.sched.hooks.tag_format
+        if (state == FINISHED and st is not None and not st.ended_by_tag and fmt is not None
+                and fmt.child_end_tag and fmt.unclosed_child_stop_text is not None):
+            parent = fj.states.get(fj.tree.get(rid).parent_id or "")
+            if parent is not None:
+                parent.unclosed_child = True
         self.sched.family_limits.child_ended(st, rid)
         self.sched.metrics.child_ended(state)
-        parent_id = fj.tree.child_ended(rid, state, tokens, reason)
+        parent_id = fj.tree.child_ended(rid, state, tokens, reason, text)
         if parent_id is not None:
             fj.ready_joins.append(parent_id)
 
-    def contribution(self, st: HookState, merged: list[int] = ()) -> list[int]:
+    def contribution(self, st: HookState, merged: list[int] = (),
+                     keep: int | None = None) -> tuple[list[int], bytes | None]:
         """What a finished request gives its parent (join_plan.contribution):
-        what it generated after its prompt without the EOS / stop token that
-        ended it, the merge it finished with, and a tag format's end text for
-        a child that did not end at its end tag."""
+        what it generated after its prompt (its first ``keep`` tokens, when
+        it finished at a join that replaced its fork tag's last token)
+        without the EOS / stop token that ended it, the merge it finished
+        with, and a tag format's end text for a child that did not end at its
+        end tag; and, for a ``"text"`` merge, that as text, cut at the end tag
+        (formats.boundaries.child_text)."""
         req = st.request
         stop_pos = st.stop_pos
         if stop_pos is None and req.status == RequestStatus.FINISHED_STOPPED and (
             isinstance(req.stop_reason, int) or req.stop_reason is None
         ):
             stop_pos = req.num_tokens - 1
+        tokens = req.all_token_ids if keep is None else req.all_token_ids[:keep]
+        own = contribution(tokens, st.orig_prompt_len, stop_pos, merged)
         fmt = self.sched.hooks.tag_format
-        closing = ()
-        if fmt is not None and fmt.child_end_tag and not st.ended_by_tag:
-            closing = self.sched.admission.text_codec().encode(fmt.eos_text)
-        return contribution(req.all_token_ids, st.orig_prompt_len, stop_pos, merged, closing)
+        if fmt is None or not fmt.child_end_tag:
+            return own, None
+        codec = self.sched.admission.text_codec()
+        closing = "" if st.ended_by_tag else fmt.eos_text
+        text = None
+        if fmt.boundary_tokenization == "text":
+            text = child_text(codec, fmt, own, ended_by_tag=st.ended_by_tag, closing=closing)
+        return own + list(codec.encode(closing)), text
 
     # --------------------------------------------------------------- joins
     def join_ready(self) -> None:
@@ -145,62 +167,96 @@ class Joins:
         st = sched.fork_join.states.get(rid)
         if st is None or not st.parked:
             return
-        merged, children, record, room = self._take_merge(st)
+        merge = self._take_merge(st)
         remaining = st.orig_max_tokens - st.sampled
         finish_status = st.final_status
-        if finish_status is None and not resumes(
-                truncated=record.truncated, merged=len(merged), room=room,
-                remaining=remaining, family_stops=sched.family_limits.stops_member(st)):
+        if finish_status is None and (merge.ends_parent or not resumes(
+                truncated=merge.record.truncated, merged=len(merge.tokens), room=merge.room,
+                remaining=remaining, family_stops=sched.family_limits.stops_member(st))):
             finish_status = RequestStatus.FINISHED_LENGTH_CAPPED
         if finish_status is not None:
-            self._finish_after_join(st, merged, finish_status)
+            self._finish_after_join(st, merge.keep, merge.tokens, finish_status)
         else:
-            self._resume(st, merged, children, record, remaining)
+            self._resume(st, merge.keep, merge.tokens, merge.children, merge.record, remaining)
 
-    def _take_merge(self, st: HookState) -> tuple[list[int], list[str], JoinRecord, int]:
-        """The parent's merged tokens (cut to what ``max_model_len`` leaves),
-        its joined children, the join's record, and the room it had."""
+    def _take_merge(self, st: HookState) -> "_Merge":
+        """Join ``st``'s ended children (see :class:`_Merge`), the merge cut
+        to what ``max_model_len`` leaves."""
         sched = self.sched
         fj = sched.fork_join
-        hooks = sched.hooks
         rid = st.request.request_id
         node = fj.tree.get(rid)
         if node is not None and node.blocked_since is not None:
             sched.metrics.observe_park(time.time() - node.blocked_since)
-        suffix = (sched.admission.text_codec().encode(hooks.merge_suffix)
-                  if hooks.merge_suffix else ())
-        merged, children = fj.tree.take_merge(
-            rid, st.separator, hooks.failed_child_marker_token_ids, suffix)
-        if hooks.merge_strategy == "none":
-            merged = []
-        record = fj.tree.get(rid).joins[-1]
+        fork, st.fork = st.fork, None
+        stop_text = sched.hooks.unclosed_child_stop_text if st.unclosed_child else None
+        st.unclosed_child = False
+        keep, merged, children = self._merged_tokens(st, node, fork, stop_text)
+        record = node.joins[-1]
         fj.unpark(st)
-        room = sched.max_model_len - st.request.num_tokens
+        room = sched.max_model_len - keep
         merged, record.truncated = fit_merge(merged, room)
-        record.merged_tokens = len(merged)
+        # A fork tag's last token given back unchanged is not a merged one.
+        record.merged_tokens = len(merged) - common_prefix(
+            merged, st.request.all_token_ids[keep:])
         sched.metrics.inc("joins", 1)
         sched.metrics.inc("truncated_merges", int(record.truncated))
-        sched.metrics.inc("merged_tokens", len(merged))
-        return merged, children, record, room
+        sched.metrics.inc("merged_tokens", record.merged_tokens)
+        return _Merge(keep, merged, children, record, room, stop_text is not None)
 
-    def _resume(self, st: HookState, merged: list[int], children: list[str],
+    def _merged_tokens(self, st: HookState, node, fork,
+                       stop_text: str | None) -> tuple[int, list[int], list[str]]:
+        """How many of its tokens the parent keeps (all, or all but a fork
+        tag's last token), the tokens that follow them, and its joined
+        children. A fork's merge ends with ``stop_text`` when given, else
+        with the merge suffix (formats.boundaries.join_tokens)."""
+        sched = self.sched
+        hooks = sched.hooks
+        tree = sched.fork_join.tree
+        merges = hooks.merge_strategy != "none"
+        tokens = st.request.all_token_ids
+        if fork is None:
+            suffix = (sched.admission.text_codec().encode(hooks.merge_suffix)
+                      if hooks.merge_suffix else ())
+            merged, children = tree.take_merge(
+                node.request_id, st.separator, hooks.failed_child_marker_token_ids, suffix)
+            return len(tokens), merged if merges else [], children
+        pieces = []
+        for cid in node.open_children:
+            child = tree.get(cid)
+            done = child.state == FINISHED
+            pieces.append(ChildText(child.label or "", child.output_tokens if done else None,
+                                    child.output_text if done else None))
+        _, children = tree.take_merge(node.request_id, st.separator)
+        codec = sched.admission.text_codec()
+        context = tokens[: fork.pos + 1]
+        suffix_text = hooks.merge_suffix if stop_text is None else stop_text
+        if not merges:  # the parent only waited
+            pieces, suffix_text = [], ""
+        merged = join_tokens(codec, hooks.tag_format, context, fork.tag_start, pieces,
+                             st.separator, suffix_text, hooks.failed_child_marker_token_ids or ())
+        return fork.pos, merged, children
+
+    def _resume(self, st: HookState, keep: int, merged: list[int], children: list[str],
                 record: JoinRecord, remaining: int) -> None:
-        """The parent samples again: ``[<sync>] + merged`` become prompt
-        tokens (vLLM's streaming-session update), so only they prefill."""
+        """The parent samples again on its first ``keep`` tokens and
+        ``merged``: what it had not computed of them (its ``<sync>`` or fork
+        tag's last token) and ``merged`` become prompt tokens (vLLM's
+        streaming-session update), so only they prefill."""
         sched = self.sched
         fj = sched.fork_join
         req = st.request
         rid = req.request_id
-        if self._first_child_covers_merge(st, children):
+        if self._first_child_covers_merge(st, keep, merged, children):
             sched.kv_pressure.release_blocks(st)  # resume through the prefix cache
         if st.spilled_frontier is not None:
             req.num_computed_tokens = st.spilled_frontier
-        sync_token = req.all_token_ids[-1]
+        uncomputed = req.all_token_ids[req.num_computed_tokens:keep]
         # Never extend the caller's own prompt list in place.
         req.prompt_token_ids = list(req.prompt_token_ids)
         update = StreamingUpdate(
             mm_features=None,
-            prompt_token_ids=[sync_token, *merged],
+            prompt_token_ids=[*uncomputed, *merged],
             max_tokens=remaining,
             arrival_time=req.arrival_time,
             sampling_params=_resumed_params(st, remaining),
@@ -219,20 +275,30 @@ class Joins:
         logger.debug("%s joined %d children: %d merged tokens", rid,
                      len(record.children), len(merged))
 
-    def _first_child_covers_merge(self, st: HookState, children: list[str]) -> bool:
-        """A tag format's merge starts with the first child's own sequence
+    def _first_child_covers_merge(self, st: HookState, keep: int, merged: list[int],
+                                  children: list[str]) -> bool:
+        """A tag format's merge starts like the first child's own sequence
         (the parent's context, the child's start, its output): when the KV
-        blocks that child filled go past what the parent computed, the parent
-        resumes through the prefix cache and reuses them."""
+        blocks that child filled with what the two share go past what the
+        parent computed, the parent resumes through the prefix cache and
+        reuses them."""
         sched = self.sched
         if sched.hooks.tag_format is None or not children or st.spilled_frontier is not None:
             return False
         node = sched.fork_join.tree.get(children[0])
-        return (node is not None and node.state == MERGED and bool(node.sampled_tokens)
-                and first_child_covers(node.prompt_tokens + node.sampled_tokens,
-                                       st.request.num_computed_tokens, sched.block_size))
+        if node is None or node.state != MERGED or not node.sampled_tokens:
+            return False
+        tokens = st.request.all_token_ids
+        context = node.prompt_tokens - len(node.start_tokens)  # parent tokens it starts with
+        own = [*node.start_tokens, *(node.output_tokens or ())][: node.sampled_tokens + len(
+            node.start_tokens)]
+        start = min(context, keep)
+        shared = start + common_prefix([*tokens[start:context], *own],
+                                       [*tokens[start:keep], *merged])
+        return first_child_covers(shared, node.prompt_tokens + node.sampled_tokens,
+                                  st.request.num_computed_tokens, sched.block_size)
 
-    def _finish_after_join(self, st: HookState, merged: list[int],
+    def _finish_after_join(self, st: HookState, keep: int, merged: list[int],
                            status: RequestStatus) -> None:
         """The parent finishes with its merge: a child gives it to its own
         parent, a request sends it (and its held stop token) to the client."""
@@ -241,7 +307,7 @@ class Joins:
         req = st.request
         rid = req.request_id
         is_child = rid in fj.children
-        tokens = self.contribution(st, merged) if is_child else None
+        tokens, text = self.contribution(st, merged, keep) if is_child else (None, None)
         stop_reason = st.final_stop_reason
         fj.unpark(st)
         if st.spilled_frontier is not None:
@@ -250,7 +316,7 @@ class Joins:
         sched.finish_in_vllm([rid], status)
         if is_child:
             self._close_child(rid, st, FINISHED, tokens,
-                              str(RequestStatus.get_finished_reason(status)))
+                              str(RequestStatus.get_finished_reason(status)), text)
             return
         held = [req.all_token_ids[st.stop_pos]] if st.stop_pos is not None else []
         out = EngineCoreOutput(
@@ -282,6 +348,21 @@ class Joins:
         for n in nodes[1:]:
             fj.children.pop(n.request_id, None)
             fj.drop_state(n.request_id)
+
+
+@dataclass(frozen=True)
+class _Merge:
+    """A join: the parent keeps its first ``keep`` tokens and goes on with
+    ``tokens`` (cut to ``room``, what ``max_model_len`` left), from
+    ``children``; ``ends_parent``: a child ended without its end tag and the
+    format stops the parent there."""
+
+    keep: int
+    tokens: list[int]
+    children: list[str]
+    record: JoinRecord
+    room: int
+    ends_parent: bool
 
 
 def _resumed_params(st: HookState, remaining: int):

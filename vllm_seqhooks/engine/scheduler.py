@@ -291,6 +291,8 @@ class SeqHooksMixin:
                     and tree.has_open_children(request.request_id)):
                 # The step's last token (see speculative); a fork joins when
                 # its children end.
+                if isinstance(ev, ForkReached):
+                    st.fork = ev
                 self.parking.park(st, stopped_by_finish=stopped)
                 return True, True
         return False, stopped

@@ -162,6 +162,14 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                        "help": "Appended after the children's outputs when the parent resumes."}),
     "--fork-min-tokens": ("fork_min_tokens", {"type": _positive_int, "metavar": "N",
                           "help": "A fork with fewer than N tokens left to sample spawns nothing."}),
+    "--boundary-tokenization": ("boundary_tokenization", {"choices": ("text", "ids"),
+                                "help": "text: the text the engine adds is tokenized with the text around it as one "
+                                        "string (text-level orchestrators); ids: each piece is encoded alone and "
+                                        "appended (id-level loops). A tag ends at its last byte either way."}),
+    "--unclosed-child-stop-text": ("unclosed_child_stop_text", {"metavar": "TEXT",
+                                   "help": "When a child ended without its end tag (EOS, out of tokens), the parent's "
+                                           "merge ends with TEXT instead of the merge suffix and the parent finishes "
+                                           "(length); unset: it goes on."}),
 }
 
 

@@ -15,7 +15,7 @@ from vllm_seqhooks.core.join_plan import child_budget, promise_prompt, promise_p
 from vllm_seqhooks.core.request_tree import derive_seed
 from vllm_seqhooks.engine.state import HookState
 from vllm_seqhooks.formats.events import ForkReached, PayloadClosed
-from vllm_seqhooks.formats.tag_format import child_prompt
+from vllm_seqhooks.formats.boundaries import child_prompt
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -67,13 +67,15 @@ class Spawning:
 
     def fork(self, st: HookState, ev: ForkReached) -> None:
         """A tag format's fork: one child per label, each starting from the
-        parent's context through the fork tag, then its lead and header."""
+        parent's context through the fork tag, then its lead and header
+        (formats.boundaries.child_prompt)."""
         sched = self.sched
         fmt = sched.hooks.tag_format
         codec = sched.admission.text_codec()
         context = list(st.request.all_token_ids[: ev.pos + 1])
         for label in ev.labels:
-            prompt, start = child_prompt(codec, context, ev.tag_start, fmt.child_start(label))
+            prompt, kept = child_prompt(codec, fmt, context, ev.tag_start, label)
+            start = prompt[kept:]
             refusal = self.fork_refusal(st, ev)
             if refusal is None and len(prompt) >= sched.max_model_len:
                 refusal = "max_model_len"
@@ -81,10 +83,10 @@ class Spawning:
                 self.ignore_promise(st, ev.pos, refusal)
                 continue
             self._add_child(st, prompt, list(start), ev.pos, start,
-                            codec.encode(fmt.header(label)))
+                            codec.encode(fmt.header(label)), label)
 
     def _add_child(self, st: HookState, prompt: list[int], payload: list[int], closed_at: int,
-                   start_tokens=(), header_tokens=()) -> None:
+                   start_tokens=(), header_tokens=(), label: str | None = None) -> None:
         """Queue a child with ``prompt``; its budget is what the parent had
         left when it sampled the token at ``closed_at``."""
         sched = self.sched
@@ -101,7 +103,7 @@ class Spawning:
         while child_id in sched.requests:  # a client request already has that id
             child_id += "~"
         node = fj.tree.add_child(parent.request_id, child_id, payload, len(prompt),
-                                 start_tokens, header_tokens)
+                                 start_tokens, header_tokens, label)
         child = Request(
             request_id=child_id,
             prompt_token_ids=prompt,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_seqhooks.core.family_limits import FamilyLedger
 from vllm_seqhooks.core.request_tree import JoinRecord, RequestTree
-from vllm_seqhooks.formats.events import HookScanner
+from vllm_seqhooks.formats.events import ForkReached, HookScanner
 
 if TYPE_CHECKING:
     from vllm.v1.engine import EngineCoreOutput
@@ -44,6 +44,13 @@ class HookState:
     family: FamilyLedger | None = None
     #: A child of a tag format that stopped at its end tag.
     ended_by_tag: bool = False
+    #: The fork a tag format's request is parked at: its tag's last token
+    #: is held back from the client and replaced at the join
+    #: (:mod:`vllm_seqhooks.formats.boundaries`).
+    fork: ForkReached | None = None
+    #: A child ended without its end tag since the last join (the format's
+    #: ``unclosed_child_stop_text`` then ends this parent at the join).
+    unclosed_child: bool = False
 
 
 @dataclass(eq=False)

@@ -7,8 +7,9 @@ child starts from the parent's context plus a header and ends at its own end
 tag, and the parent resumes once they all ended, with every header and child
 output appended, then a suffix. :class:`TagFormat` is that description;
 :class:`~vllm_seqhooks.formats.tag_format_scanner.TagFormatScanner` reads a
-request's sampled tokens for it, and :func:`child_prompt` writes a child's
-prompt. Text the engine adds (headers, the end tag after EOS, the suffix) is
+request's sampled tokens for it, and
+:mod:`~vllm_seqhooks.formats.boundaries` writes a child's prompt and a
+parent's merge. Text the engine adds (headers, the end tag after EOS, the suffix) is
 encoded by :class:`~vllm_seqhooks.formats.text_codec.TextCodec`.
 """
 
@@ -16,9 +17,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
-
-from vllm_seqhooks.formats.text_codec import TextCodec
 
 #: Replaced by a child's label in ``child_header``.
 LABEL_PLACEHOLDER = "{n}"
@@ -50,6 +48,14 @@ class TagFormat:
     merge_suffix: str = ""
     #: A fork with fewer tokens than this left to sample spawns nothing.
     fork_min_tokens: int | None = None
+    #: How the text the engine adds meets the text around it: ``"text"``
+    #: (tokenized as one string) or ``"ids"`` (each piece encoded alone and
+    #: appended); see :mod:`vllm_seqhooks.formats.boundaries`.
+    boundary_tokenization: str = "text"
+    #: When a child ended without its end tag (EOS, out of tokens): the
+    #: parent's merge ends with this text instead of ``merge_suffix`` and the
+    #: parent finishes there. None: the parent goes on.
+    unclosed_child_stop_text: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("fork_tag", "outline_tag", "child_end_tag"):
@@ -59,8 +65,10 @@ class TagFormat:
         for name in ("child_header", "header_lead", "merge_suffix"):
             if not isinstance(getattr(self, name), str):
                 raise TagFormatError(f"{name} must be a string, got {getattr(self, name)!r}")
-        if self.child_eos_text is not None and not isinstance(self.child_eos_text, str):
-            raise TagFormatError(f"child_eos_text must be a string, got {self.child_eos_text!r}")
+        for name in ("child_eos_text", "unclosed_child_stop_text"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TagFormatError(f"{name} must be a string, got {value!r}")
         if (self.outline_tag is None) == (self.fork_count is None):
             raise TagFormatError(
                 "a fork_tag format needs exactly one of outline_tag (one child per "
@@ -70,6 +78,9 @@ class TagFormat:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise TagFormatError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.boundary_tokenization not in ("text", "ids"):
+            raise TagFormatError("boundary_tokenization must be 'text' or 'ids', "
+                                 f"got {self.boundary_tokenization!r}")
         if self.child_header.count(LABEL_PLACEHOLDER) > 1:
             raise TagFormatError(
                 f"child_header may hold {LABEL_PLACEHOLDER} once, got {self.child_header!r}")
@@ -78,7 +89,7 @@ class TagFormat:
     def texts(self) -> dict[str, str]:
         """The format's text fields that are set, by name."""
         out = {"fork_tag": self.fork_tag}
-        for name in ("outline_tag", "child_end_tag", "child_eos_text"):
+        for name in ("outline_tag", "child_end_tag", "child_eos_text", "unclosed_child_stop_text"):
             if getattr(self, name):
                 out[name] = getattr(self, name)
         for name in ("child_header", "header_lead", "merge_suffix"):
@@ -103,23 +114,3 @@ class TagFormat:
         assert self.outline_tag is not None
         return re.compile(re.escape(self.outline_tag.encode()) + rb"\s*(\d+)\s*:")
 
-
-def child_prompt(codec: TextCodec, context: Sequence[int], tag_start: int,
-                 start_text: str) -> tuple[list[int], tuple[int, ...]]:
-    """A child's prompt: the parent's ``context`` (through the fork tag, whose
-    first byte is in token ``tag_start``) and ``start_text``, tokenized from
-    the tag on as a fresh request's text would be; and the tokens the merge
-    appends to the parent for that start (the same, unless the fresh
-    tokenization also re-splits the parent's own tokens, which stay)."""
-    appended = codec.encode(start_text)
-    tail = tuple(context[tag_start:]) if 0 <= tag_start < len(context) else ()
-    try:
-        tail_text = codec.text(tail).decode("utf-8")
-    except UnicodeDecodeError:
-        tail = ()
-    if not tail:
-        return [*context, *appended], appended
-    fresh = codec.encode(tail_text + start_text)
-    if fresh[: len(tail)] == tail:
-        return [*context, *fresh[len(tail):]], fresh[len(tail):]
-    return [*context[:tag_start], *fresh], appended

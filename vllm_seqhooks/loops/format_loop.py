@@ -12,9 +12,15 @@ Each round, for all unfinished parents at once (lockstep):
    the fork tag, then the child's lead and header; it stops at the end tag;
    a child that ends otherwise gets ``child_eos_text`` instead of its EOS;
 4. each parent is re-submitted with the headers, the children's outputs and
-   the suffix appended (token ids, laid out by
-   :func:`~vllm_seqhooks.core.join_plan.merged_layout`); the prefix cache serves
-   the context computed before.
+   the suffix appended, in place of the fork tag's last token (token ids,
+   laid out by :mod:`~vllm_seqhooks.formats.boundaries` for the format's
+   ``boundary_tokenization``, as the engine does); the prefix cache serves
+   the context computed before. When a child ended without its end tag and
+   the format has an ``unclosed_child_stop_text``, that text ends the merge
+   and the parent finishes.
+
+:mod:`vllm_seqhooks.loops.text_loop` is the text-level loop, which builds
+every prompt as a string.
 
 One level of children (``max_child_depth=1``); budgets as the engine's: a
 child may sample ``child_max_tokens``, or what its parent had left at the
@@ -32,9 +38,8 @@ from vllm_seqhooks.config.presets import coerce_special_kwargs
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
 from vllm_seqhooks.core.request_tree import derive_seed
-from vllm_seqhooks.core.join_plan import merged_layout
+from vllm_seqhooks.formats.boundaries import ChildText, child_prompt, child_text, join_tokens
 from vllm_seqhooks.formats.events import ForkReached
-from vllm_seqhooks.formats.tag_format import child_prompt
 from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
 from vllm_seqhooks.formats.text_codec import TextCodec
 from vllm_seqhooks.core.join_plan import fit_merge
@@ -49,24 +54,24 @@ class _Parent:
     max_tokens: int
     sampled: int = 0
     fork: ForkReached | None = None
-    #: Children of the fork being run, each with its header's ids.
-    children: list[tuple[LoopChild, list[int]]] = field(default_factory=list)
+    #: Children of the fork being run, each with its label.
+    children: list[tuple[LoopChild, str]] = field(default_factory=list)
     done: bool = False
 
 
 def child_contribution(fmt, codec: TextCodec, token_ids: Sequence[int], finish_reason: Any,
-                       stop_reason: Any) -> list[int]:
+                       stop_reason: Any) -> tuple[list[int], bytes, bool]:
     """What a child run by a client gives its parent: its tokens, ending at
     its end tag (a stop string), or else without its EOS / stop token and
-    with ``fmt.eos_text`` instead."""
+    with ``fmt.eos_text`` instead; the same as text (cut at the end tag);
+    and whether it ended at its end tag."""
     toks = list(token_ids)
-    if finish_reason == "stop" and stop_reason == fmt.child_end_tag:
-        return toks
-    if finish_reason == "stop" and isinstance(stop_reason, (int, type(None))):
+    at_tag = finish_reason == "stop" and stop_reason == fmt.child_end_tag
+    if not at_tag and finish_reason == "stop" and isinstance(stop_reason, (int, type(None))):
         toks.pop()  # its EOS / stop token
-    if fmt.child_end_tag:
-        toks.extend(codec.encode(fmt.eos_text))
-    return toks
+    closing = "" if at_tag or not fmt.child_end_tag else fmt.eos_text
+    text = child_text(codec, fmt, toks, ended_by_tag=at_tag, closing=closing)
+    return [*toks, *codec.encode(closing)], text, at_tag
 
 
 class FormatLoop:
@@ -160,16 +165,16 @@ class FormatLoop:
         todo: list[tuple[_Parent, LoopChild]] = []
         for p in forked:
             for label in p.fork.labels:
-                prompt, start = child_prompt(self.codec, p.context, p.fork.tag_start,
-                                             self.fmt.child_start(label))
-                start = list(start)
+                prompt, kept = child_prompt(self.codec, self.fmt, p.context, p.fork.tag_start,
+                                            label)
+                start = prompt[kept:]
                 if len(prompt) >= self.max_model_len:
                     continue
                 key = str(len(p.result.children))
                 budget = self.hooks.child_max_tokens or max(1, p.max_tokens - p.sampled)
                 child = LoopChild(key=key, payload_token_ids=start, prompt_token_ids=prompt,
                                   max_tokens=min(budget, self.max_model_len - len(prompt)))
-                p.children.append((child, list(self.codec.encode(self.fmt.header(label)))))
+                p.children.append((child, label))
                 p.result.children.append(child)
                 todo.append((p, child))
         if not todo:
@@ -195,27 +200,32 @@ class FormatLoop:
             c.output_token_ids = list(toks)
             c.finish_reason = comp.finish_reason
             c.cached_prompt_tokens = int(out.num_cached_tokens or 0)
-            c.contribution = child_contribution(self.fmt, self.codec, toks, comp.finish_reason,
-                                                comp.stop_reason)
+            c.contribution, c.text, c.closed = child_contribution(
+                self.fmt, self.codec, toks, comp.finish_reason, comp.stop_reason)
 
     def _join(self, p: _Parent) -> None:
-        children, p.children, p.fork = p.children, [], None
+        children, p.children, fork, p.fork = p.children, [], p.fork, None
         res = p.result
         if not children:  # every child refused: the tag was plain text
             return
-        suffix = self.codec.encode(self.fmt.merge_suffix)
-        merged = merged_layout([c.payload_token_ids for c, _ in children],
-                               [header for _, header in children],
-                               [c.contribution for c, _ in children],
-                               self.hooks.merge_separator_token_ids or (), suffix)
+        fmt = self.fmt
+        stops = fmt.unclosed_child_stop_text is not None and not all(
+            c.closed for c, _ in children)
+        suffix_text = fmt.unclosed_child_stop_text if stops else fmt.merge_suffix
+        merged = join_tokens(self.codec, fmt, p.context, fork.tag_start,
+                             [ChildText(label, c.contribution, c.text) for c, label in children],
+                             self.hooks.merge_separator_token_ids or (), suffix_text)
+        # The fork tag's last token is replaced by the merge.
+        del p.context[-1]
+        del res.token_ids[-1]
         room = self.max_model_len - len(p.context)
         merged, truncated = fit_merge(merged, room)
-        res.joins.append({"children": [c.key for c, _ in children], "merged_tokens": len(merged),
-                          "truncated": truncated})
+        res.joins.append({"children": [c.key for c, _ in children],
+                          "merged_tokens": len(merged), "truncated": truncated})
         res.merged_tokens += len(merged)
         p.context.extend(merged)
         res.token_ids.extend(merged)
-        if truncated or len(merged) >= room or p.sampled >= p.max_tokens:
+        if stops or truncated or len(merged) >= room or p.sampled >= p.max_tokens:
             self._finish(p, "length", None)
 
     def _finish(self, p: _Parent, reason: Any, stop_reason: Any) -> None:

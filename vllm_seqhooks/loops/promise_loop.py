@@ -60,6 +60,10 @@ class LoopChild:
     cached_prompt_tokens: int = 0
     #: Its token budget.
     max_tokens: int = 0
+    #: Tag formats: its contribution as text (cut at its end tag), and
+    #: whether it ended at its end tag.
+    text: bytes = b""
+    closed: bool = True
 
     @property
     def prefilled_tokens(self) -> int:

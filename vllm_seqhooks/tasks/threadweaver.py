@@ -25,8 +25,8 @@ character tokenizer of :mod:`vllm_seqhooks.testing.tiny_model`).  The token
 ids of the training sequences are laid out by the engine's own format code
 (:func:`sequences`): the fork found by
 :class:`~vllm_seqhooks.formats.tag_format_scanner.TagFormatScanner`, child prompts by
-:func:`~vllm_seqhooks.formats.tag_format.child_prompt`, the merge by
-:func:`~vllm_seqhooks.core.join_plan.merged_layout`, with the
+:func:`~vllm_seqhooks.formats.boundaries.child_prompt`, the merge by
+:func:`~vllm_seqhooks.formats.boundaries.join_tokens`, with the
 :class:`~vllm_seqhooks.formats.tag_format.TagFormat` the model's own ``seqhooks.json``
 settings give.
 
@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vllm_seqhooks.tasks import forkjoin as _sorting
-from vllm_seqhooks.core.join_plan import merged_layout
+from vllm_seqhooks.formats.boundaries import ChildText, child_prompt, child_text, join_tokens
 from vllm_seqhooks.formats.events import ForkReached
-from vllm_seqhooks.formats.tag_format import TagFormat, child_prompt
+from vllm_seqhooks.formats.tag_format import TagFormat
 from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
 from vllm_seqhooks.formats.text_codec import TextCodec
 
@@ -201,20 +201,23 @@ def sequences(codec: TextCodec, digits: str, bos_id: int, eos_id: int,
         raise ValueError(f"outline labels {fork.labels} for {len(chunks)} chunks")
     context = prompt + outline
     children: list[Example] = []
-    starts, headers, outputs = [], [], []
+    pieces: list[ChildText] = []
     for label, chunk in zip(fork.labels, chunks):
-        child, start = child_prompt(codec, context, fork.tag_start, fmt.child_start(label))
+        child, _ = child_prompt(codec, fmt, context, fork.tag_start, label)
         output = codec.encode(child_output_text(chunk))
         children.append(Example("child", (*child, *output),
                                 (0,) * len(child) + (1,) * len(output), label))
-        starts.append(start)
-        headers.append(codec.encode(fmt.header(label)))
-        outputs.append(output)
-    merged = merged_layout(starts, headers, outputs, separator, codec.encode(fmt.merge_suffix))
+        pieces.append(ChildText(label, output,
+                                child_text(codec, fmt, output, ended_by_tag=True)))
+    # The merge replaces the fork tag's last token (the same token, when
+    # the tag ends at a token boundary: then it stays a sampled one).
+    merged = join_tokens(codec, fmt, context, fork.tag_start, pieces, separator,
+                         fmt.merge_suffix)
+    sampled = int(bool(merged) and merged[0] == context[-1])
     tail = [*codec.encode(conclusion_text(digits)), eos_id]
-    ids = (*context, *merged, *tail)
-    train = ((0,) * len(prompt) + (1,) * len(outline) + (0,) * len(merged)
-             + (1,) * len(tail))
+    ids = (*context[:-1], *merged, *tail)
+    train = ((0,) * len(prompt) + (1,) * (len(outline) - 1 + sampled)
+             + (0,) * (len(merged) - sampled) + (1,) * len(tail))
     return [Example("parent", ids, train), *children]
 
 

@@ -279,6 +279,7 @@ def make_request(
     arrival_time: float | None = None,
     resumable: bool = False,
     priority: int = 0,
+    eos_token_id: int = EOS_ID,
 ):
     from vllm import SamplingParams
     from vllm.v1.request import Request
@@ -292,7 +293,7 @@ def make_request(
         stop_token_ids=stop_token_ids,
     )
     # What the frontend does with the model's generation config.
-    sp.update_from_generation_config({}, eos_token_id=EOS_ID)
+    sp.update_from_generation_config({}, eos_token_id=eos_token_id)
     return Request(
         request_id=request_id,
         prompt_token_ids=list(prompt_token_ids),
