@@ -32,19 +32,20 @@ from vllm_seqhooks.testing import pinned_wheels as pw
 from vllm_seqhooks.testing import real_tokenizers as rt
 from vllm_seqhooks.testing.sched_harness import SchedHarness, child_id
 from vllm_seqhooks.testing.text_completions import ROOT, ScriptedCompletions
+from vllm_seqhooks.testing.threadweaver_texts import FAMILIES, SFT, sft_family
 
 TAG_PRESETS = [name for name in PRESETS if "fork_tag" in PRESETS[name]]
 PROMPT = "Sort the digits 3 1 2.\n"
 #: Text a request writes right after a tag (what its last token may carry).
 AROUND = ("\n", "\n\n", " ", "a", "7", "<", "</")
 
-#: What the parent writes up to its fork, per preset.
+#: What the parent writes before its fork tag, per preset.
 BEFORE = {
     "threadweaver": "<Parallel>\n<Outlines>\n<Outline>1: sort 3 1</Outline>\n"
-                    "<Outline>2: sort 2</Outline>\n</Outlines>",
-    "multiverse": "<Parallel>\n<Goal>\n<Outline>\n1: x\n</Outline>\n<Outline>\n2: y\n</Outline>\n</Goal>",
-    "npr": "<guideline>\n<plan>1: x</plan>\n<plan>2: y</plan>\n</guideline>",
-    "parallel-r1": "Let me think.<Parallel>",
+                    "<Outline>2: sort 2</Outline>\n",
+    "multiverse": "<Parallel>\n<Goal>\n<Outline>\n1: x\n</Outline>\n<Outline>\n2: y\n</Outline>\n",
+    "npr": "<guideline>\n<plan>1: x</plan>\n<plan>2: y</plan>\n",
+    "parallel-r1": "Let me think.",
 }
 BODIES = (" 1 3 sorted", " just 2")
 
@@ -214,3 +215,83 @@ def test_ids_boundaries_keep_the_sampled_tag_token(tok):
     enc = lambda text: list(tok.encode(text, add_special_tokens=False))  # noqa: E731
     assert out[: len(parent)] == parent
     assert prompts[0] == [*fam.prompt_ids, *parent, *enc("\n<Thread>\n1:")]
+
+
+# --------------------------------------------------------------------------
+# End to end: vLLM with Qwen's tokenizer, a model that knows only its texts
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def qwen_corpus_model(tmp_path_factory):
+    from vllm_seqhooks.testing import real_tokenizer_models as rtm
+    from vllm_seqhooks.testing.corpus_model import write_corpus
+
+    tok = _tokenizer("qwen2", False)
+    root = tmp_path_factory.mktemp("qwen_corpus")
+    families = [sft_family(d) for d in FAMILIES]
+    corpus = write_corpus(root / "corpus.json", tok,
+                          [t for _, texts in families for t in texts])
+    model = rtm.build_tiny_model_with_tokenizer(root / "model", tok)
+    return tok, model, corpus, [p for p, _ in families], [t[0] for _, t in families]
+
+
+@pytest.mark.slow
+def test_native_equals_the_text_loop_on_vllm(qwen_corpus_model, monkeypatch):
+    """A model that continues only its training texts (a stand-in for one
+    trained on ThreadWeaver's whole texts, Qwen's tokenizer, tags as plain
+    text), served natively with ThreadWeaver's SFT settings and through the
+    text-level loop over stock vLLM: both write each family's training text
+    token for token; the children's prompts are those texts' tokens."""
+    import vllm
+
+    from vllm_seqhooks.llm import LLM
+    from vllm_seqhooks.testing.corpus_model import CORPUS_ENV, CORPUS_LOGITS_PROCESSOR_FQCN
+    from vllm_seqhooks.testing.forkjoin import scheduler_of
+    from vllm_seqhooks.testing.tiny_model import TINY_ENGINE_KWARGS
+
+    tok, model, corpus, prompts, wholes = qwen_corpus_model
+    monkeypatch.setenv(CORPUS_ENV, str(corpus))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    kwargs = {**TINY_ENGINE_KWARGS, "logits_processors": [CORPUS_LOGITS_PROCESSOR_FQCN]}
+    params = vllm.SamplingParams(max_tokens=300, temperature=0.0)
+    native = LLM(str(model), special_kwargs=SFT, **kwargs)
+    try:
+        outs = native.generate(prompts, params, use_tqdm=False)
+        sizes = scheduler_of(native).hook_state_sizes()
+        assert sizes == {k: 0 for k in sizes}, sizes
+    finally:
+        native.shutdown(timeout=30)
+    stock = vllm.LLM(str(model), **kwargs)
+    try:
+        loops = TextLoop(SpecialKwargs(**expand(SFT))).generate(stock, prompts, params)
+    finally:
+        stock.llm_engine.engine_core.shutdown()
+    for prompt, whole, out, loop in zip(prompts, wholes, outs, loops):
+        text = prompt + out.outputs[0].text
+        assert text == loop.text == whole.removesuffix("<|im_end|>")
+        assert [*out.prompt_token_ids, *out.outputs[0].token_ids] == loop.token_ids
+        assert out.outputs[0].finish_reason == loop.finish_reason == "stop"
+        assert all(c.closed for c in loop.children) and len(loop.children) >= 1
+
+
+def test_first_child_kv_reused_up_to_the_first_retokenized_token(tok):
+    """The merge is re-tokenized from the fork tag on; where it starts like
+    the first child's own sequence (context, header, the child's tokens),
+    the parent resumes on that child's KV blocks through the prefix cache."""
+    hooks = _hooks(tok, "threadweaver", unclosed_child_stop_text=None)
+    codec = _codec(tok)
+    fam = _family(tok, hooks, "threadweaver", "\n", "<", "\nok")
+    long_body = " " + " ".join(["digits"] * 60)
+    fam.scripts["0"] = _through(codec, list(tok.encode(long_body + "</Thread><",
+                                                        add_special_tokens=False)), "</Thread>")
+    h = SchedHarness(False, hooks=hooks, num_blocks=256, max_model_len=1024)
+    h.sched.admission.use_text_codec(codec)
+    h.scripts["r"] = fam.scripts[ROOT]
+    h.scripts[child_id("r", 0)], h.scripts[child_id("r", 1)] = fam.scripts["0"], fam.scripts["1"]
+    h.add("r", fam.prompt_ids, max_tokens=300, eos_token_id=tok.eos_token_id)
+    h.run(2000)
+    (join,) = h.trace("r")["joins"]
+    context = len(fam.prompt_ids) + fam.fork_len
+    assert join["reused_tokens"] >= context + 48  # child 0's blocks, past the parent's own
+    # The tag's last token (">\n") came back unchanged: it is not a merged one.
+    assert join["reused_tokens"] + join["prefilled_tokens"] == context + join["merged_tokens"]

@@ -150,7 +150,8 @@ def tag_format_oracles(model: str, prompt_ids: list[int]) -> dict:
     from vllm_seqhooks.llm import LLM
     from vllm_seqhooks.testing.forkjoin import Scripts, scheduler_of, scripted_engine_kwargs
 
-    llm = LLM(model, special_kwargs="threadweaver",
+    # Child 2 ends at EOS: the parent goes on (not the preset's stop).
+    llm = LLM(model, special_kwargs={"format": "threadweaver", "unclosed_child_stop_text": None},
               **scripted_engine_kwargs(model, max_model_len=512))
     S = Scripts(llm.get_tokenizer())
     before, n_free = S(TW_BEFORE), 16

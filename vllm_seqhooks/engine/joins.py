@@ -247,10 +247,15 @@ class Joins:
         fj = sched.fork_join
         req = st.request
         rid = req.request_id
-        if self._first_child_covers_merge(st, keep, merged, children):
-            sched.kv_pressure.release_blocks(st)  # resume through the prefix cache
+        if st.spilled_frontier is None and (
+                req.num_computed_tokens > keep
+                or self._first_child_covers_merge(st, keep, merged, children)):
+            # Resume through the prefix cache: on the first child's KV
+            # blocks, or because KV was computed past the tokens it keeps
+            # (a block holding the replaced token may be cached already).
+            sched.kv_pressure.release_blocks(st)
         if st.spilled_frontier is not None:
-            req.num_computed_tokens = st.spilled_frontier
+            req.num_computed_tokens = min(st.spilled_frontier, keep)
         uncomputed = req.all_token_ids[req.num_computed_tokens:keep]
         # Never extend the caller's own prompt list in place.
         req.prompt_token_ids = list(req.prompt_token_ids)
