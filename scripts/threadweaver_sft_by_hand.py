@@ -23,8 +23,8 @@ Servers, one after the other on 127.0.0.1:
 * ``native``: ``--seqhooks threadweaver`` with the SFT orchestrator's
   settings (``--merge-suffix '\\n' --child-eos-text '</Thread>'
   --unclosed-child-stop-text ''``), one completion per prompt;
-* ``native-ids``: the same with ``--boundary-tokenization ids`` (the
-  id-level join; what the engine did before issue 19 for this model).
+* ``native-ids``: the same with ``--boundary-tokenization ids`` (id-level
+  joins: each piece encoded alone).
 
 Usage::
 

@@ -203,18 +203,30 @@ def test_length_capped_child(tok, name):
     assert loop.finish_reason == ("length" if hooks.unclosed_child_stop_text else "stop")
 
 
-def test_ids_boundaries_keep_the_sampled_tag_token(tok):
-    """``"ids"``: the parent keeps the fork tag's last token as sampled and
-    each piece is encoded alone (what id-level loops send); where that
-    token carries text past the tag, the text differs from the text loop's."""
+def test_ids_boundaries_end_tags_at_their_last_byte_too(tok):
+    """``"ids"``: the parent's tokens stay as sampled through the fork tag (a
+    last token carrying more is re-encoded through the tag) and each piece
+    is encoded alone, as id-level loops send them: the text loop's text,
+    other ids."""
     hooks = _hooks(tok, "threadweaver", boundary_tokenization="ids",
                    unclosed_child_stop_text=None)
-    fam = _family(tok, hooks, "threadweaver", "\n\n", "\n", "\nok")
-    out, _, prompts = _native(tok, hooks, fam)
-    parent = fam.scripts[ROOT][: fam.fork_len]
+    codec = _codec(tok)
     enc = lambda text: list(tok.encode(text, add_special_tokens=False))  # noqa: E731
-    assert out[: len(parent)] == parent
-    assert prompts[0] == [*fam.prompt_ids, *parent, *enc("\n<Thread>\n1:")]
+    fam = _family(tok, hooks, "threadweaver", "\n\n", "<", "\nok")
+    out, _, prompts = _native(tok, hooks, fam)
+    loop = TextLoop(hooks).run(ScriptedCompletions(tok, fam.scripts, tok.eos_token_id),
+                               PROMPT, 300)
+    assert tok.decode([*fam.prompt_ids, *out], skip_special_tokens=True) == loop.text
+    parent = fam.scripts[ROOT][: fam.fork_len]
+    carried = codec.text(parent)[len((BEFORE["threadweaver"] + "</Outlines>").encode()):]
+    last = codec.text(parent[-1:])
+    if carried:
+        through = [*parent[:-1], *enc(last[: len(last) - len(carried)].decode())]
+        assert [*fam.prompt_ids, *out] != loop.token_ids
+    else:
+        through = parent
+    assert prompts[0] == [*fam.prompt_ids, *through, *enc("\n<Thread>\n1:")]
+    assert out[: len(through)] == through
 
 
 # --------------------------------------------------------------------------
@@ -295,3 +307,15 @@ def test_first_child_kv_reused_up_to_the_first_retokenized_token(tok):
     assert join["reused_tokens"] >= context + 48  # child 0's blocks, past the parent's own
     # The tag's last token (">\n") came back unchanged: it is not a merged one.
     assert join["reused_tokens"] + join["prefilled_tokens"] == context + join["merged_tokens"]
+
+
+def test_threadweaver_sft_settings(tok):
+    """ThreadWeaver's SFT orchestrator: "\\n" after the threads; a thread
+    without </Thread> gets "</Thread>" and the generation stops there."""
+    hooks = _hooks(tok, "threadweaver", merge_suffix="\n", child_eos_text="</Thread>",
+                   unclosed_child_stop_text="")
+    loop = _compare(tok, hooks, _family(tok, hooks, "threadweaver", "\n", "<", "\nok"))
+    assert loop.finish_reason == "stop" and loop.text.endswith("</Thread>\n\nok")
+    loop = _compare(tok, hooks, _family(tok, hooks, "threadweaver", "\n", "<", "\nok",
+                                        unclosed=1))
+    assert loop.finish_reason == "length" and loop.text.endswith(BODIES[1] + "</Thread>")

@@ -191,7 +191,8 @@ def test_child_prompt_is_what_a_fresh_request_gets(tokenizer):
     """"text": a child's prompt is the tokens of the parent's text cut at the
     fork tag's last byte plus the lead and header, as one string, whatever
     the token holding the tag's last byte carries past it; "ids": the
-    parent's tokens as sampled, then the lead and header encoded alone."""
+    parent's tokens as sampled through the tag, then the lead and header
+    encoded alone."""
     codec = _codec(tokenizer)
     rng = random.Random(3)
     words = _corpus().split()
@@ -215,8 +216,13 @@ def test_child_prompt_is_what_a_fresh_request_gets(tokenizer):
                 compared += 1
             assert codec.text(prompt) == (text + fmt.child_start(label)).encode()
             ids_prompt, ids_kept = child_prompt(codec, ids_fmt, context, hit.first_pos, label)
-            assert ids_kept == len(context)
-            assert ids_prompt == [*context, *codec.encode(fmt.child_start(label))]
+            carried = len(codec.text(context)) - len(text.encode())
+            through = list(context)
+            if carried:  # the tag's last token, re-encoded through the tag
+                last = codec.text(context[-1:])
+                through = [*context[:-1], *codec.encode(last[:-carried].decode())]
+            assert ids_kept == len(context) - (1 if carried else 0)
+            assert ids_prompt == [*through, *codec.encode(fmt.child_start(label))]
         assert compared >= 20, name
 
 

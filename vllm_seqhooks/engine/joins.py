@@ -17,7 +17,7 @@ from vllm_seqhooks.core.join_plan import (
 from vllm_seqhooks.core.request_tree import FAILED, FINISHED, MERGED, JoinRecord
 from vllm_seqhooks.core.trace import TRACE_KEY, build_trace
 from vllm_seqhooks.engine.state import HookState
-from vllm_seqhooks.formats.boundaries import ChildText, child_text, join_tokens
+from vllm_seqhooks.formats.boundaries import ChildText, child_text, child_tokens, join_tokens
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -149,10 +149,11 @@ class Joins:
             return own, None
         codec = self.sched.admission.text_codec()
         closing = "" if st.ended_by_tag else fmt.eos_text
-        text = None
         if fmt.boundary_tokenization == "text":
             text = child_text(codec, fmt, own, ended_by_tag=st.ended_by_tag, closing=closing)
-        return own + list(codec.encode(closing)), text
+            return own + list(codec.encode(closing)), text
+        own = child_tokens(codec, fmt, own, ended_by_tag=st.ended_by_tag)
+        return own + list(codec.encode(closing)), None
 
     # --------------------------------------------------------------- joins
     def join_ready(self) -> None:

@@ -18,10 +18,11 @@ adds is tokenized in one of two ways (:data:`TOKENIZATIONS`,
     (ThreadWeaver's SFT ``branching_generate``) and what models trained on
     whole texts have seen.
 ``"ids"``
-    The parent's tokens stay as sampled (through the tag's last token, with
-    whatever it carries) and each piece the engine adds is encoded alone and
-    appended, as id-level loops do (Multiverse's engine, ThreadWeaver's RL
-    controller).
+    The parent's tokens stay as sampled through the tag (a last token that
+    carries more is replaced by the encoding of its bytes through the tag)
+    and each piece the engine adds is encoded alone and appended, as
+    id-level loops do (Multiverse's engine, ThreadWeaver's RL controller);
+    a child's tokens are cut at its end tag the same way.
 
 A parent parked at a fork holds its tag's last token back from its client;
 :func:`join_tokens` gives the tokens that follow the tokens it keeps
@@ -63,6 +64,21 @@ def cut_after(data: bytes, tag: bytes, *, last: bool = False) -> bytes:
     return data if at < 0 else data[: at + len(tag)]
 
 
+def through_tag(codec: TextCodec, tokens: Sequence[int], tag: str) -> list[int]:
+    """``tokens``, whose last token holds the last byte of ``tag``, ending at
+    that byte: the last token itself when the tag ends with it, else the
+    encoding of its bytes through the tag."""
+    if not tokens:
+        return []
+    recent = list(tokens[-len(tag.encode()):])
+    data = codec.text(recent)
+    extra = len(data) - len(cut_after(data, tag.encode(), last=True))
+    if extra <= 0:
+        return list(tokens)
+    last = codec.text(tokens[-1:])
+    return [*tokens[:-1], *codec.encode(_decode(last[: len(last) - extra]))]
+
+
 def fork_text(codec: TextCodec, context: Sequence[int], tag_start: int,
               tag: str) -> tuple[int, bytes]:
     """Where the re-tokenized text begins (``tag_start``, or an earlier token
@@ -83,9 +99,20 @@ def child_prompt(codec: TextCodec, fmt: TagFormat, context: Sequence[int], tag_s
     many tokens of ``context`` it starts with."""
     start_text = fmt.child_start(label)
     if fmt.boundary_tokenization == "ids":
-        return [*context, *codec.encode(start_text)], len(context)
+        through = through_tag(codec, context, fmt.fork_tag)
+        kept = len(context) if through == list(context) else len(context) - 1
+        return [*through, *codec.encode(start_text)], kept
     start, tail = fork_text(codec, context, tag_start, fmt.fork_tag)
     return [*context[:start], *codec.encode(_decode(tail) + start_text)], start
+
+
+def child_tokens(codec: TextCodec, fmt: TagFormat, output: Sequence[int], *,
+                 ended_by_tag: bool) -> list[int]:
+    """A finished child's tokens for an ``"ids"`` merge: its ``output`` (its
+    EOS already dropped), cut at its end tag when it stopped there."""
+    if ended_by_tag and fmt.child_end_tag:
+        return through_tag(codec, output, fmt.child_end_tag)
+    return list(output)
 
 
 def child_text(codec: TextCodec, fmt: TagFormat, output: Sequence[int], *,
@@ -142,7 +169,9 @@ def join_tokens(codec: TextCodec, fmt: TagFormat, context: Sequence[int], tag_st
     marker's ids."""
     if fmt.boundary_tokenization == "ids":
         outputs = [list(c.tokens) if c.tokens is not None else list(failed) for c in children]
-        return [context[-1], *merged_layout(
+        tail = list(context[-len(fmt.fork_tag.encode()):])
+        through = through_tag(codec, tail, fmt.fork_tag)
+        return [*through[len(tail) - 1:], *merged_layout(
             [codec.encode(fmt.child_start(c.label)) for c in children],
             [codec.encode(fmt.header(c.label)) for c in children],
             outputs, separator, codec.encode(suffix))]

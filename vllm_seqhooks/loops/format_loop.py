@@ -38,7 +38,8 @@ from vllm_seqhooks.config.presets import coerce_special_kwargs
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
 from vllm_seqhooks.core.request_tree import derive_seed
-from vllm_seqhooks.formats.boundaries import ChildText, child_prompt, child_text, join_tokens
+from vllm_seqhooks.formats.boundaries import (
+    ChildText, child_prompt, child_text, child_tokens, join_tokens)
 from vllm_seqhooks.formats.events import ForkReached
 from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
 from vllm_seqhooks.formats.text_codec import TextCodec
@@ -71,6 +72,8 @@ def child_contribution(fmt, codec: TextCodec, token_ids: Sequence[int], finish_r
         toks.pop()  # its EOS / stop token
     closing = "" if at_tag or not fmt.child_end_tag else fmt.eos_text
     text = child_text(codec, fmt, toks, ended_by_tag=at_tag, closing=closing)
+    if fmt.boundary_tokenization == "ids":
+        toks = child_tokens(codec, fmt, toks, ended_by_tag=at_tag)
     return [*toks, *codec.encode(closing)], text, at_tag
 
 
