@@ -126,10 +126,12 @@ def _family(tok, hooks: SpecialKwargs, name: str, carry: str, follow: str, cont:
     return Family(list(tok.encode(PROMPT)), scripts, len(parent))
 
 
-def _native(tok, hooks: SpecialKwargs, fam: Family, max_tokens: int = 300):
+def _native(tok, hooks: SpecialKwargs, fam: Family, max_tokens: int = 300, *,
+            async_sched: bool = False, spec: int = 0):
     """The engine's output ids and finish reason for the family, and its
     children's prompts."""
-    h = SchedHarness(False, hooks=hooks, num_blocks=256, max_model_len=1024)
+    h = SchedHarness(async_sched, hooks=hooks, num_blocks=256, max_model_len=1024,
+                     num_spec_tokens=spec)
     h.sched.admission.use_text_codec(_codec(tok))
     h.scripts["r"] = fam.scripts[ROOT]
     for key, script in fam.scripts.items():
@@ -148,8 +150,8 @@ def _native(tok, hooks: SpecialKwargs, fam: Family, max_tokens: int = 300):
     return h.tokens["r"], h.finish_reasons["r"], [prompts[k] for k in sorted(prompts)]
 
 
-def _compare(tok, hooks: SpecialKwargs, fam: Family, max_tokens: int = 300):
-    out, reason, child_prompts = _native(tok, hooks, fam, max_tokens)
+def _compare(tok, hooks: SpecialKwargs, fam: Family, max_tokens: int = 300, **mode):
+    out, reason, child_prompts = _native(tok, hooks, fam, max_tokens, **mode)
     loop = TextLoop(hooks).run(ScriptedCompletions(tok, fam.scripts, tok.eos_token_id),
                                PROMPT, max_tokens)
     native_ids = [*fam.prompt_ids, *out]
@@ -174,6 +176,20 @@ def test_native_equals_the_text_loop_around_every_tag(tok, name):
         assert loop.finish_reason == "stop"
         assert fmt.fork_tag + fmt.header_lead + fmt.header("1") in loop.text
     assert carried >= 1  # some fork tag's last token carried text past the tag
+
+
+@pytest.mark.parametrize("async_sched,spec", [(True, 0), (False, 3), (True, 3)],
+                         ids=["async", "spec3", "async-spec3"])
+def test_async_scheduling_and_speculative_decoding(async_sched, spec):
+    """The same on Qwen's tokenizer with async scheduling and speculative
+    decoding (several tokens a step: the tag's last token may not be the
+    step's last)."""
+    tok = _tokenizer("qwen2", False)
+    for name in TAG_PRESETS:
+        hooks = _hooks(tok, name, unclosed_child_stop_text=None)
+        for carry in AROUND:
+            fam = _family(tok, hooks, name, carry, "<", "\nok")
+            _compare(tok, hooks, fam, async_sched=async_sched, spec=spec)
 
 
 @pytest.mark.parametrize("name", TAG_PRESETS)
