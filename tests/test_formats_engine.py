@@ -198,3 +198,71 @@ def test_abort_a_parked_parent(async_sched):
     h.abort("r")
     h.drain()
     assert_idle(h)
+
+
+def _tw_family(async_sched: bool, children: dict[int, str], max_tokens: int = 300,
+               extra_args: dict | None = None, **overrides) -> tuple[SchedHarness, list[int]]:
+    """A ThreadWeaver family (the parent goes on after every join); returns
+    the harness, run to the end, and the live children after each step."""
+    h = harness("threadweaver", async_sched,
+                overrides={"unclosed_child_stop_text": None, **overrides})
+    h.scripts["r"] = enc(TW_PARENT + "</Parallel> 42") + [EOS]
+    for i, text in children.items():
+        h.scripts[child_id("r", i)] = enc(text)
+    live: list[int] = []
+    h.after_schedule.append(lambda hh, _out: live.append(len(hh.sched.fork_join.children)))
+    h.add("r", enc("Q:"), max_tokens=max_tokens, extra_args=extra_args)
+    h.run(600)
+    return h, live
+
+
+@MODES
+@pytest.mark.parametrize("limit", [{"max_live_children": 1},
+                                   {"max_live_children_per_family": 1}],
+                         ids=["engine", "family"])
+def test_fork_children_wait_for_the_live_children_limits(async_sched, limit):
+    """Past the live-children limits a fork's children wait (in order) and
+    start as others end: the parent merges every thread, as without the
+    limits; nothing is refused (a fork with a thread missing is a context
+    the model never saw)."""
+    threads = {0: " alpha</Thread>", 1: " beta</Thread>"}
+    free, free_live = _tw_family(async_sched, threads)
+    assert max(free_live) == 2
+    h, live = _tw_family(async_sched, threads, **limit)
+    assert max(live) == 1
+    assert h.sched.hook_stats["children_deferred"] == 1
+    assert h.tokens["r"] == free.tokens["r"]
+    assert dec(h.tokens["r"]).startswith(
+        TW_PARENT + "\n<Thread>\n1: alpha</Thread><Thread>\n2: beta</Thread>")
+    trace = h.trace("r")
+    assert "ignored_promises" not in trace
+    assert [c["state"] for c in trace["children"]] == ["merged", "merged"]
+    assert_idle(h)
+
+
+@MODES
+def test_abort_with_deferred_children(async_sched):
+    h = harness("threadweaver", async_sched, overrides={"max_live_children": 1})
+    h.scripts["r"] = enc(TW_PARENT)
+    h.scripts[child_id("r", 0)] = enc(" alpha" * 30 + "</Thread>")
+    h.add("r", enc("Q:"), max_tokens=300)
+    h.run(600, until=lambda: bool(h.sched.fork_join.deferred_children))
+    assert len(h.sched.fork_join.children) == 1
+    h.abort("r")
+    h.run(600)
+    assert_idle(h)
+
+
+@MODES
+def test_deferred_child_of_a_family_out_of_budget_fails(async_sched):
+    """The family's token budget runs out while a child waits: that child
+    fails (its reason in the trace), and the parent joins without it."""
+    fork_at = len(enc("Q:" + TW_PARENT)) - 1
+    # Descendants may sample 10 tokens: child 0 uses them all.
+    h, _ = _tw_family(async_sched, {0: " alpha" * 40 + "</Thread>", 1: " beta</Thread>"},
+                      extra_args={"seqhooks_max_family_tokens": 310}, max_live_children=1)
+    trace = h.trace("r")
+    assert [c["state"] for c in trace["children"]] == ["merged", "failed"]
+    assert trace["ignored_promises"] == [{"position": fork_at, "reason": "family_token_budget"}]
+    assert len(trace["joins"]) == 1
+    assert_idle(h)

@@ -19,7 +19,7 @@ def test_snapshot_round_trip_and_throttle(tmp_path):
     (snap,) = read_snapshots(tmp_path)
     assert snap["counters"]["children_spawned"] == 3
     assert snap["ended"]["aborted"] == 1
-    assert snap["gauges"] == {"open_children": 2, "parked_requests": 1}
+    assert snap["gauges"] == {"open_children": 2, "parked_requests": 1, "deferred_children": 0}
     m.inc("joins")
     m.maybe_write()  # within 0.25 s: throttled
     assert read_snapshots(tmp_path)[0]["counters"]["joins"] == 0

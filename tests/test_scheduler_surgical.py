@@ -41,6 +41,7 @@ ZERO_STATE = {
     "parked": 0,
     "families": 0,
     "child_deadlines": 0,
+    "deferred_children": 0,
     "requests": 0,
 }
 

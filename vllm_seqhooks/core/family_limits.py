@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 DESCENDANTS = "max_descendants"
 FAMILY_LIVE = "family_live_children"
 ENGINE_LIVE = "engine_live_children"
+#: Refusals that pass once children end (the live-children limits): a tag
+#: format's fork defers its children past them rather than dropping them.
+TRANSIENT_REFUSALS = frozenset({FAMILY_LIVE, ENGINE_LIVE})
 TOKEN_BUDGET = "family_token_budget"
 DEADLINE = "family_deadline"
 CHILD_TIMEOUT = "timeout"

@@ -49,12 +49,14 @@ COUNTERS = {
     "child_timeouts": "Children failed because they outlived the child timeout.",
     "family_deadlines": "Families cut because they outlived the family timeout.",
     "fair_share_preemptions": "Children preempted to give a waiting request its fair share of running slots.",
+    "children_deferred": "Children of tag-format forks that waited for the live-children limits before starting.",
 }
 #: outcome label values of vllm:seqhooks_children_ended_total
 OUTCOMES = ("finished", "failed", "aborted")
 GAUGES = {
     "open_children": "Child requests running or waiting.",
     "parked_requests": "Requests parked at <sync> waiting for their children.",
+    "deferred_children": "Children of tag-format forks waiting for the live-children limits.",
 }
 
 

@@ -178,6 +178,8 @@ class SeqHooksMixin:
         fj = self.fork_join
         if fj.families:
             self.family_limits.enforce()
+        if fj.deferred_children:
+            self.spawning.spawn_deferred()
         self.kv_pressure.maybe_spill()
         if fj.children:
             self.kv_pressure.order_for_preemption()
@@ -358,7 +360,8 @@ class SeqHooksMixin:
     # ------------------------------------------------------------- queries
     def _publish_metrics(self) -> None:
         self.metrics.set_gauges(open_children=len(self.fork_join.children),
-                                parked_requests=self.fork_join.num_parked)
+                                parked_requests=self.fork_join.num_parked,
+                                deferred_children=len(self.fork_join.deferred_children))
         self.metrics.maybe_write(force=not self.requests)
 
     @property

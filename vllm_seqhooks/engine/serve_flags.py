@@ -132,9 +132,11 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--max-descendants": ("max_descendants", {"type": _non_negative_int, "metavar": "N",
                           "help": "Children a request may spawn at all levels together; further promises are plain text."}),
     "--max-live-children-per-family": ("max_live_children_per_family", {"type": _positive_int, "metavar": "N",
-                                       "help": "Children of one request (all levels) alive at once; further promises are plain text."}),
+                                       "help": "Children of one request (all levels) alive at once; further promises are plain text, "
+                                               "a tag format's fork children wait."}),
     "--max-live-children": ("max_live_children", {"type": _positive_int, "metavar": "N",
-                            "help": "Children alive at once in the engine; further promises are plain text."}),
+                            "help": "Children alive at once in the engine; further promises are plain text, "
+                                    "a tag format's fork children wait."}),
     "--child-timeout": ("child_timeout_s", {"type": _seconds, "metavar": "SECONDS",
                         "help": "A child still running this long after its spawn fails (timeout); its parent resumes."}),
     "--family-timeout": ("family_timeout_s", {"type": _seconds, "metavar": "SECONDS",

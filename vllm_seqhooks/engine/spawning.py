@@ -1,7 +1,13 @@
 """Spawning: a closed payload (or a tag format's fork, one child per label)
 becomes a child ``Request`` with its prompt, budget and sampling parameters
 (:mod:`vllm_seqhooks.core.join_plan` decides), queued family by family ahead
-of requests that have not started (:mod:`vllm_seqhooks.core.child_queue`)."""
+of requests that have not started (:mod:`vllm_seqhooks.core.child_queue`).
+
+A promise the limits refuse is plain text. A fork's children are deferred
+past the live-children limits instead (a fork that spawns part of its
+children, or none, leaves a parent trained on forks that ran with a merge
+it never saw): they wait in the tree, the parent parked on them, and start
+as children end."""
 
 from __future__ import annotations
 
@@ -11,9 +17,10 @@ from vllm.v1.request import Request
 
 from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
 from vllm_seqhooks.core.child_queue import child_insert_index
+from vllm_seqhooks.core.family_limits import ENGINE_LIVE, TRANSIENT_REFUSALS
 from vllm_seqhooks.core.join_plan import child_budget, promise_prompt, promise_prompt_len
-from vllm_seqhooks.core.request_tree import derive_seed
-from vllm_seqhooks.engine.state import HookState
+from vllm_seqhooks.core.request_tree import FAILED, RUNNING, HookNode, derive_seed
+from vllm_seqhooks.engine.state import DeferredChild, HookState
 from vllm_seqhooks.formats.events import ForkReached, PayloadClosed
 from vllm_seqhooks.formats.boundaries import child_prompt
 
@@ -40,11 +47,13 @@ class Spawning:
         return "max_model_len" if prompt_len >= self.sched.max_model_len else None
 
     def fork_refusal(self, st: HookState, ev: ForkReached) -> str | None:
-        """Why a fork tag spawns no (more) children (None: it does)."""
+        """Why a fork tag spawns no (more) children (None: it does, now or,
+        past the live-children limits, once children end)."""
         min_tokens = self.sched.hooks.fork_min_tokens
         if min_tokens is not None and st.orig_max_tokens - st.sampled < min_tokens:
             return "fork_min_tokens"
-        return self.sched.family_limits.refusal(st)
+        refusal = self.sched.family_limits.refusal(st)
+        return None if refusal in TRANSIENT_REFUSALS else refusal
 
     def ignore_promise(self, st: HookState, pos: int, reason: str) -> None:
         node = self.sched.fork_join.tree.ensure_root(st.request.request_id)
@@ -73,6 +82,7 @@ class Spawning:
         fmt = sched.hooks.tag_format
         codec = sched.admission.text_codec()
         context = list(st.request.all_token_ids[: ev.pos + 1])
+        deferring = False
         for label in ev.labels:
             prompt, kept = child_prompt(codec, fmt, context, ev.tag_start, label)
             start = prompt[kept:]
@@ -82,13 +92,71 @@ class Spawning:
             if refusal is not None:
                 self.ignore_promise(st, ev.pos, refusal)
                 continue
-            self._add_child(st, prompt, list(start), ev.pos, start,
-                            codec.encode(fmt.header(label)), label)
+            child_id, node = self._new_node(st, prompt, list(start), start,
+                                            codec.encode(fmt.header(label)), label)
+            # Once one waits, the fork's later children wait behind it.
+            deferring = deferring or sched.family_limits.refusal(st) is not None
+            if deferring:
+                sched.fork_join.deferred_children.append(
+                    DeferredChild(st.request.request_id, child_id, prompt, ev.pos))
+                sched.metrics.inc("children_deferred", 1)
+                logger.debug("%s deferred %s (live-children limits)",
+                             st.request.request_id, child_id)
+            else:
+                self._start_child(st, child_id, node, prompt, ev.pos)
 
-    def _add_child(self, st: HookState, prompt: list[int], payload: list[int], closed_at: int,
-                   start_tokens=(), header_tokens=(), label: str | None = None) -> None:
-        """Queue a child with ``prompt``; its budget is what the parent had
-        left when it sampled the token at ``closed_at``."""
+    def spawn_deferred(self) -> None:
+        """Start deferred children, oldest first, while the live-children
+        limits leave room; one whose family may not spawn any more (budget,
+        deadline, descendants) fails, and its parent joins without it."""
+        fj = self.sched.fork_join
+        waiting, fj.deferred_children = fj.deferred_children, deque()
+        while waiting:
+            entry = waiting.popleft()
+            st = fj.states.get(entry.parent_id)
+            node = fj.tree.get(entry.child_id)
+            if st is None or node is None or node.state != RUNNING:
+                continue  # its parent or itself is gone
+            refusal = self.sched.family_limits.refusal(st)
+            if refusal in TRANSIENT_REFUSALS:
+                fj.deferred_children.append(entry)
+                if refusal == ENGINE_LIVE:
+                    fj.deferred_children.extend(waiting)
+                    return
+            elif refusal is not None:
+                self.ignore_promise(st, entry.closed_at, refusal)
+                self.sched.metrics.child_ended(FAILED)
+                parent_id = fj.tree.child_ended(entry.child_id, FAILED, [], refusal)
+                if parent_id is not None:
+                    fj.ready_joins.append(parent_id)
+            else:
+                self._start_child(st, entry.child_id, node, entry.prompt, entry.closed_at)
+
+    def _add_child(self, st: HookState, prompt: list[int], payload: list[int],
+                   closed_at: int) -> None:
+        """Queue a promise's child with ``prompt``."""
+        child_id, node = self._new_node(st, prompt, payload)
+        self._start_child(st, child_id, node, prompt, closed_at)
+
+    def _new_node(self, st: HookState, prompt: list[int], payload: list[int],
+                  start_tokens=(), header_tokens=(), label: str | None = None
+                  ) -> tuple[str, HookNode]:
+        """A new child's id and its node in the request tree."""
+        sched = self.sched
+        fj = sched.fork_join
+        parent_id = st.request.request_id
+        fj.tree.ensure_root(parent_id)
+        child_id = fj.tree.new_child_id(parent_id)
+        while child_id in sched.requests:  # a client request already has that id
+            child_id += "~"
+        node = fj.tree.add_child(parent_id, child_id, payload, len(prompt),
+                                 start_tokens, header_tokens, label)
+        return child_id, node
+
+    def _start_child(self, st: HookState, child_id: str, node: HookNode, prompt: list[int],
+                     closed_at: int) -> None:
+        """Queue child ``child_id`` with ``prompt``; its budget is what the
+        parent had left when it sampled the token at ``closed_at``."""
         sched = self.sched
         fj = sched.fork_join
         parent = st.request
@@ -98,12 +166,6 @@ class Spawning:
                               sched.max_model_len - len(prompt))
         if st.family is not None:
             budget = st.family.child_budget(budget)
-        fj.tree.ensure_root(parent.request_id)
-        child_id = fj.tree.new_child_id(parent.request_id)
-        while child_id in sched.requests:  # a client request already has that id
-            child_id += "~"
-        node = fj.tree.add_child(parent.request_id, child_id, payload, len(prompt),
-                                 start_tokens, header_tokens, label)
         child = Request(
             request_id=child_id,
             prompt_token_ids=prompt,

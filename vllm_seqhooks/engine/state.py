@@ -3,6 +3,7 @@ for the whole engine (:class:`ForkJoinState`), each defined once."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,18 @@ class HookState:
     unclosed_child: bool = False
 
 
+@dataclass
+class DeferredChild:
+    """A tag format's child waiting for room under the live-children limits
+    (its node is in the tree already, so its parent waits for it)."""
+
+    parent_id: str
+    child_id: str
+    prompt: list[int]
+    #: Position of the parent's token that closed the fork.
+    closed_at: int
+
+
 @dataclass(eq=False)
 class ForkJoinState:
     """Everything the scheduler keeps for fork/join, across requests."""
@@ -82,6 +95,8 @@ class ForkJoinState:
     families: dict[str, FamilyLedger] = field(default_factory=dict)
     timed_families: set[FamilyLedger] = field(default_factory=set)
     families_to_cut: list[FamilyLedger] = field(default_factory=list)
+    #: Children of forks waiting for the live-children limits, oldest first.
+    deferred_children: deque[DeferredChild] = field(default_factory=deque)
     #: Child request id -> clock reading at which it times out.
     child_deadlines: dict[str, float] = field(default_factory=dict)
     #: Waiting requests vLLM skips in this step's admission (fair share).
@@ -128,6 +143,9 @@ class ForkJoinState:
         if node is not None and node.parent_id is None:
             self.tree.pop_tree(rid)
         self.drop_family(rid)
+        if self.deferred_children:
+            self.deferred_children = deque(
+                d for d in self.deferred_children if rid not in (d.parent_id, d.child_id))
 
     def drop_tree(self, rid: str) -> None:
         for node in self.tree.pop_tree(rid):
@@ -144,5 +162,6 @@ class ForkJoinState:
             "parked": self.num_parked,
             "families": len(self.families),
             "child_deadlines": len(self.child_deadlines),
+            "deferred_children": len(self.deferred_children),
             **extra,
         }
