@@ -58,7 +58,10 @@ def _harness(config: str, live: int):
     if config.startswith("stock"):
         kwargs["stock"] = True
     else:
-        kwargs["hooks"] = {"max_children_per_request": CHILDREN, "fair_share": True}
+        # Every family's children live at once (past 1,024 a fork's children
+        # would wait for the engine's live-children limit).
+        kwargs["hooks"] = {"max_children_per_request": CHILDREN, "fair_share": True,
+                           "max_live_children": 1 << 20}
     return SchedHarness(False, **kwargs)
 
 
