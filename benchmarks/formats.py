@@ -147,9 +147,8 @@ async def http_loop_family(client, model: str, hooks, codec, prompt: list[int], 
     """One family as the formats' own orchestrators run it over HTTP."""
     from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
     from vllm_seqhooks.loops.format_loop import child_contribution
-    from vllm_seqhooks.core.join_plan import merged_layout
+    from vllm_seqhooks.formats.boundaries import ChildText, child_prompt, join_tokens
     from vllm_seqhooks.formats.events import ForkReached
-    from vllm_seqhooks.formats.tag_format import child_prompt
     from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
 
     fmt = hooks.tag_format
@@ -181,23 +180,29 @@ async def http_loop_family(client, model: str, hooks, codec, prompt: list[int], 
             if choice.finish_reason == "stop" and choice.stop_reason == fmt.fork_tag:
                 continue
             return {"tokens": out, "computed": computed}
-        starts = [child_prompt(codec, context, fork.tag_start, fmt.child_start(label))
-                  for label in fork.labels]
+        prompts = [child_prompt(codec, fmt, context, fork.tag_start, label)[0]
+                   for label in fork.labels]
         budget = max(1, sp.max_tokens - sampled)
         kids = await asyncio.gather(*[
             call(p, budget, fmt.child_end_tag, {CHILD_KEY_ARG: str(i)})
-            for i, (p, _start) in enumerate(starts)])
-        outputs = []
-        for toks, ch, cost in kids:
+            for i, p in enumerate(prompts)])
+        children, closed = [], True
+        for label, (toks, ch, cost) in zip(fork.labels, kids):
             computed += cost
-            outputs.append(child_contribution(fmt, codec, toks, ch.finish_reason,
-                                              ch.stop_reason))
-        merged = merged_layout([s for _p, s in starts],
-                               [codec.encode(fmt.header(label)) for label in fork.labels],
-                               outputs, codec.encode(hooks.merge_separator),
-                               codec.encode(fmt.merge_suffix))
+            tokens, text, at_tag = child_contribution(fmt, codec, toks, ch.finish_reason,
+                                                      ch.stop_reason)
+            children.append(ChildText(label, tokens, text))
+            closed = closed and at_tag
+        stops = fmt.unclosed_child_stop_text is not None and not closed
+        # The merge replaces the fork tag's last token (formats.boundaries).
+        merged = join_tokens(codec, fmt, context, fork.tag_start, children,
+                             codec.encode(hooks.merge_separator),
+                             fmt.unclosed_child_stop_text if stops else fmt.merge_suffix)
+        del context[-1], out[-1]
         context += merged
         out += merged
+        if stops:
+            return {"tokens": out, "computed": computed}
 
 
 async def http_native_family(client, model: str, prompt: list[int], sp) -> dict:

@@ -38,8 +38,8 @@ when greedy fork/join decoding writes the expected text.
     # writes vllm_seqhooks/data/threadweaver_model/
 
 The threadweaver task's sequences are laid out by the engine's own format code
-(``tasks.threadweaver.sequences``: child prompts by ``formats.tag_format.child_prompt``,
-merges by ``formats.merged_layout``); its tokenizer adds the ten tags as
+(``tasks.threadweaver.sequences``: child prompts by ``formats.boundaries.child_prompt``,
+merges by ``formats.boundaries.join_tokens``); its tokenizer adds the ten tags as
 single tokens (ids 104..113).  A child row there is one child of a random
 problem longer than 4 digits (its prompt: the parent's context through
 ``</Outlines>`` and its header, BOS included), trained on its sorted chunk

@@ -181,3 +181,37 @@ def test_class_paths_given_to_vllm_name_the_classes():
         module, attr = path.rsplit(".", 1)
         assert attr == name
         assert isinstance(getattr(importlib.import_module(module), attr), type)
+
+
+def test_every_name_imported_from_the_package_exists():
+    """``from vllm_seqhooks.x import name`` in the package, benchmarks,
+    scripts and examples (function-level imports included) names something
+    that module has: a function moved away fails here, not in a benchmark
+    run."""
+    import importlib
+
+    roots = [PACKAGE, *(PACKAGE.parent / d for d in ("benchmarks", "scripts", "examples"))]
+    missing = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            if NOT_CODE & set(path.parts):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                        and node.module.split(".")[0] == NAME):
+                    continue
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if not (hasattr(module, alias.name)
+                            or _is_submodule(f"{node.module}.{alias.name}")):
+                        missing.append(f"{path}:{node.lineno} {node.module}.{alias.name}")
+    assert missing == []
+
+
+def _is_submodule(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # the parent is a module, not a package
+        return False

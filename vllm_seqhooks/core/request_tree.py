@@ -56,9 +56,8 @@ class HookNode:
     key: str = ""
     payload: list[int] = field(default_factory=list)
     #: Tag formats: the tokens its prompt ends with after the parent's
-    #: context (lead and header), and its header alone, for the merge.
+    #: context (lead and header).
     start_tokens: tuple[int, ...] = ()
-    header_tokens: tuple[int, ...] = ()
     #: Tag formats: its outline label, and what it gives a ``"text"`` merge.
     label: str | None = None
     output_text: bytes | None = None
@@ -119,7 +118,6 @@ class RequestTree:
         payload: Sequence[int],
         prompt_tokens: int,
         start_tokens: Sequence[int] = (),
-        header_tokens: Sequence[int] = (),
         label: str | None = None,
     ) -> HookNode:
         parent = self.ensure_root(parent_id)
@@ -134,7 +132,6 @@ class RequestTree:
             spawn_time=self._clock(),
             prompt_tokens=prompt_tokens,
             start_tokens=tuple(start_tokens),
-            header_tokens=tuple(header_tokens),
             label=label,
         )
         self.nodes[child_id] = child
@@ -219,28 +216,36 @@ class RequestTree:
         failed_marker: Sequence[int] | None = None,
         suffix: Sequence[int] = (),
     ) -> tuple[list[int], list[str]]:
-        """Merge the open (all ended) children of ``request_id`` in spawn
-        order (:func:`~vllm_seqhooks.core.join_plan.merged_layout`: headers, outputs,
-        ``separator``, ``suffix``). A failed or aborted child's output is
-        ``failed_marker`` (or nothing)."""
-        node = self.nodes[request_id]
-        children = list(node.open_children)
-        nodes = [self.nodes[c] for c in children]
+        """The promise protocol's merge of the open (all ended) children of
+        ``request_id``, in spawn order (:func:`~vllm_seqhooks.core.join_plan.merged_layout`:
+        outputs, ``separator``, ``suffix``; a failed or aborted child's output
+        is ``failed_marker``, or nothing), and the join (:meth:`join_open_children`)."""
+        nodes = [self.nodes[c] for c in self.nodes[request_id].open_children]
         outputs = [
             (c.output_tokens or []) if c.state == FINISHED else list(failed_marker or ())
             for c in nodes
         ]
-        merged = merged_layout([c.start_tokens for c in nodes],
-                               [c.header_tokens for c in nodes], outputs, separator, suffix)
+        no_headers = [()] * len(nodes)
+        merged = merged_layout(no_headers, no_headers, outputs, separator, suffix)
+        return merged, self.join_open_children(request_id, len(merged))
+
+    def join_open_children(self, request_id: str, merged_tokens: int = 0) -> list[str]:
+        """Join the open (all ended) children of ``request_id``: a finished one
+        becomes merged, the parent is unblocked and the join recorded (with
+        ``merged_tokens``). Returns the joined children, in spawn order."""
+        node = self.nodes[request_id]
+        children = list(node.open_children)
         now = self._clock()
         for cid in children:
-            self.nodes[cid].state = MERGED if self.nodes[cid].state == FINISHED else self.nodes[cid].state
-            self.nodes[cid].join_time = now
+            child = self.nodes[cid]
+            if child.state == FINISHED:
+                child.state = MERGED
+            child.join_time = now
         node.open_children.clear()
         node.blocked = False
         node.blocked_since = None
-        node.joins.append(JoinRecord(time=now, children=children, merged_tokens=len(merged)))
-        return merged, children
+        node.joins.append(JoinRecord(time=now, children=children, merged_tokens=merged_tokens))
+        return children
 
     # ------------------------------------------------------------- removal
     def root_of(self, request_id: str) -> str:

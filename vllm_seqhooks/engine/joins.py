@@ -17,7 +17,7 @@ from vllm_seqhooks.core.join_plan import (
 from vllm_seqhooks.core.request_tree import FAILED, FINISHED, MERGED, JoinRecord
 from vllm_seqhooks.core.trace import TRACE_KEY, build_trace
 from vllm_seqhooks.engine.state import HookState
-from vllm_seqhooks.formats.boundaries import ChildText, child_text, child_tokens, join_tokens
+from vllm_seqhooks.formats.boundaries import ChildText, child_output, join_tokens
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -135,7 +135,7 @@ class Joins:
         without the EOS / stop token that ended it, the merge it finished
         with, and a tag format's end text for a child that did not end at its
         end tag; and, for a ``"text"`` merge, that as text, cut at the end tag
-        (formats.boundaries.child_text)."""
+        (formats.boundaries.child_output)."""
         req = st.request
         stop_pos = st.stop_pos
         if stop_pos is None and req.status == RequestStatus.FINISHED_STOPPED and (
@@ -145,15 +145,10 @@ class Joins:
         tokens = req.all_token_ids if keep is None else req.all_token_ids[:keep]
         own = contribution(tokens, st.orig_prompt_len, stop_pos, merged)
         fmt = self.sched.hooks.tag_format
-        if fmt is None or not fmt.child_end_tag:
+        if fmt is None:
             return own, None
-        codec = self.sched.admission.text_codec()
-        closing = "" if st.ended_by_tag else fmt.eos_text
-        if fmt.boundary_tokenization == "text":
-            text = child_text(codec, fmt, own, ended_by_tag=st.ended_by_tag, closing=closing)
-            return own + list(codec.encode(closing)), text
-        own = child_tokens(codec, fmt, own, ended_by_tag=st.ended_by_tag)
-        return own + list(codec.encode(closing)), None
+        return child_output(self.sched.admission.text_codec(), fmt, own,
+                            ended_by_tag=st.ended_by_tag)
 
     # --------------------------------------------------------------- joins
     def join_ready(self) -> None:
@@ -228,7 +223,7 @@ class Joins:
             done = child.state == FINISHED
             pieces.append(ChildText(child.label or "", child.output_tokens if done else None,
                                     child.output_text if done else None))
-        _, children = tree.take_merge(node.request_id, st.separator)
+        children = tree.join_open_children(node.request_id)
         codec = sched.admission.text_codec()
         context = tokens[: fork.pos + 1]
         suffix_text = hooks.merge_suffix if stop_text is None else stop_text

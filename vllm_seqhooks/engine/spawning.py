@@ -92,8 +92,7 @@ class Spawning:
             if refusal is not None:
                 self.ignore_promise(st, ev.pos, refusal)
                 continue
-            child_id, node = self._new_node(st, prompt, list(start), start,
-                                            codec.encode(fmt.header(label)), label)
+            child_id, node = self._new_node(st, prompt, list(start), start, label)
             # Once one waits, the fork's later children wait behind it.
             deferring = deferring or sched.family_limits.refusal(st) is not None
             if deferring:
@@ -139,7 +138,7 @@ class Spawning:
         self._start_child(st, child_id, node, prompt, closed_at)
 
     def _new_node(self, st: HookState, prompt: list[int], payload: list[int],
-                  start_tokens=(), header_tokens=(), label: str | None = None
+                  start_tokens=(), label: str | None = None
                   ) -> tuple[str, HookNode]:
         """A new child's id and its node in the request tree."""
         sched = self.sched
@@ -150,7 +149,7 @@ class Spawning:
         while child_id in sched.requests:  # a client request already has that id
             child_id += "~"
         node = fj.tree.add_child(parent_id, child_id, payload, len(prompt),
-                                 start_tokens, header_tokens, label)
+                                 start_tokens, label)
         return child_id, node
 
     def _start_child(self, st: HookState, child_id: str, node: HookNode, prompt: list[int],

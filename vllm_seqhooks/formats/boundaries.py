@@ -115,6 +115,20 @@ def child_tokens(codec: TextCodec, fmt: TagFormat, output: Sequence[int], *,
     return list(output)
 
 
+def child_output(codec: TextCodec, fmt: TagFormat, output: Sequence[int], *,
+                 ended_by_tag: bool) -> tuple[list[int], bytes | None]:
+    """What a finished child gives a join, from its ``output`` (its EOS
+    already dropped): cut at its end tag when it stopped there, else followed
+    by the format's end text; as ids (:func:`child_tokens` for ``"ids"``) and,
+    for a ``"text"`` merge, as text (:func:`child_text`; None for ``"ids"``)."""
+    closing = "" if ended_by_tag or not fmt.child_end_tag else fmt.eos_text
+    tail = list(codec.encode(closing))
+    if fmt.boundary_tokenization == "text":
+        text = child_text(codec, fmt, output, ended_by_tag=ended_by_tag, closing=closing)
+        return [*output, *tail], text
+    return [*child_tokens(codec, fmt, output, ended_by_tag=ended_by_tag), *tail], None
+
+
 def child_text(codec: TextCodec, fmt: TagFormat, output: Sequence[int], *,
                ended_by_tag: bool, closing: str = "") -> bytes:
     """A finished child's text for a ``"text"`` merge: its ``output`` (its

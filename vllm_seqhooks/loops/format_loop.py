@@ -38,8 +38,7 @@ from vllm_seqhooks.config.presets import coerce_special_kwargs
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
 from vllm_seqhooks.core.request_tree import derive_seed
-from vllm_seqhooks.formats.boundaries import (
-    ChildText, child_prompt, child_text, child_tokens, join_tokens)
+from vllm_seqhooks.formats.boundaries import ChildText, child_output, child_prompt, join_tokens
 from vllm_seqhooks.formats.events import ForkReached
 from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
 from vllm_seqhooks.formats.text_codec import TextCodec
@@ -61,20 +60,17 @@ class _Parent:
 
 
 def child_contribution(fmt, codec: TextCodec, token_ids: Sequence[int], finish_reason: Any,
-                       stop_reason: Any) -> tuple[list[int], bytes, bool]:
+                       stop_reason: Any) -> tuple[list[int], bytes | None, bool]:
     """What a child run by a client gives its parent: its tokens, ending at
     its end tag (a stop string), or else without its EOS / stop token and
-    with ``fmt.eos_text`` instead; the same as text (cut at the end tag);
-    and whether it ended at its end tag."""
+    with ``fmt.eos_text`` instead; the same as text for a ``"text"`` merge
+    (formats.boundaries.child_output); and whether it ended at its end tag."""
     toks = list(token_ids)
     at_tag = finish_reason == "stop" and stop_reason == fmt.child_end_tag
     if not at_tag and finish_reason == "stop" and isinstance(stop_reason, (int, type(None))):
         toks.pop()  # its EOS / stop token
-    closing = "" if at_tag or not fmt.child_end_tag else fmt.eos_text
-    text = child_text(codec, fmt, toks, ended_by_tag=at_tag, closing=closing)
-    if fmt.boundary_tokenization == "ids":
-        toks = child_tokens(codec, fmt, toks, ended_by_tag=at_tag)
-    return [*toks, *codec.encode(closing)], text, at_tag
+    tokens, text = child_output(codec, fmt, toks, ended_by_tag=at_tag)
+    return tokens, text, at_tag
 
 
 class FormatLoop:

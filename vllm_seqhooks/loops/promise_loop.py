@@ -60,9 +60,9 @@ class LoopChild:
     cached_prompt_tokens: int = 0
     #: Its token budget.
     max_tokens: int = 0
-    #: Tag formats: its contribution as text (cut at its end tag), and
-    #: whether it ended at its end tag.
-    text: bytes = b""
+    #: Tag formats: its contribution as text (cut at its end tag; None for
+    #: "ids" boundaries), and whether it ended at its end tag.
+    text: bytes | None = None
     closed: bool = True
 
     @property
