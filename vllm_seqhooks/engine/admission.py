@@ -51,7 +51,7 @@ class Admission:
         family = None
         if rh.may_spawn and rh.depth == 0:
             family = sched.family_limits.new_family(request, per_request)
-        fj.states[request.request_id] = HookState(
+        st = fj.states[request.request_id] = HookState(
             request=request,
             scanner=request_scanner(sched.hooks, rh, self.text_codec),
             orig_prompt_len=request.num_prompt_tokens,
@@ -61,6 +61,7 @@ class Admission:
             separator=self._separator(per_request.get("merge_separator")),
             family=family,
         )
+        fj.refresh_quiet(st)
 
     def _separator(self, text: str | None) -> tuple[int, ...]:
         """Token ids of a per-request merge separator (cached), or the

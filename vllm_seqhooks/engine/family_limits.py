@@ -64,7 +64,8 @@ class FamilyLimits:
         family.spawned()
         cst = fj.states.get(child_id)
         if cst is not None:
-            cst.family = family
+            cst.family = cst.charged_to = family
+            fj.set_quiet(cst, None)
         deadline = family.child_deadline(self.clock())
         if deadline is not None:
             fj.child_deadlines[child_id] = deadline
@@ -75,17 +76,10 @@ class FamilyLimits:
             st.family.child_ended()
 
     # -------------------------------------------------------------- tokens
-    def _charges(self, st: HookState) -> FamilyLedger | None:
-        """The ledger a request's sampled tokens are charged to: a
-        descendant's family (a request's own tokens are not charged)."""
-        if st.request.request_id in self.sched.fork_join.children:
-            return st.family
-        return None
-
     def trim_to_budget(self, st: HookState, new_token_ids: list[int]) -> bool:
         """Drop the tokens a descendant sampled past its family's budget;
         True when some were dropped."""
-        family = self._charges(st)
+        family = st.charged_to
         if family is None:
             return False
         offered = len(new_token_ids)
@@ -96,7 +90,7 @@ class FamilyLimits:
         return False
 
     def charge(self, st: HookState, kept: int) -> None:
-        family = self._charges(st)
+        family = st.charged_to
         if family is not None and family.charge(kept):
             logger.info("%s: family token budget (%d tokens for descendants) "
                         "spent; cutting its descendants", family.root_id,
@@ -109,8 +103,7 @@ class FamilyLimits:
         family = st.family
         if family is None or family.exhausted_by is None:
             return False
-        return (st.request.request_id in self.sched.fork_join.children
-                or family.exhausted_by == DEADLINE)
+        return st.charged_to is not None or family.exhausted_by == DEADLINE
 
     # ---------------------------------------------------------- enforcing
     def enforce(self) -> None:
@@ -121,6 +114,9 @@ class FamilyLimits:
             now = self.clock()
             for family in list(fj.timed_families):
                 if family.expire(now):
+                    root = fj.states.get(family.root_id)
+                    if root is not None:
+                        fj.set_quiet(root, None)  # it stops at its next step
                     logger.info("%s: family timeout (%.3fs) passed; cutting its "
                                 "descendants", family.root_id, family.limits.timeout_s)
                     self.sched.metrics.inc("family_deadlines", 1)

@@ -262,13 +262,16 @@ class Joins:
             arrival_time=req.arrival_time,
             sampling_params=_resumed_params(st, remaining),
         )
-        sched._update_request_as_session(req, update)
+        sampled = st.sampled
+        sched._update_request_as_session(req, update)  # (a new segment)
+        st.sampled_before = sampled
         if st.spilled_frontier is not None:
             # Re-admit through the prefix cache: recompute what was evicted.
             req.num_computed_tokens = 0
             st.spilled_frontier = None
         req.stop_reason = None
         st.accounting = record
+        fj.set_quiet(st, None)
         fj.accounting[rid] = st
         if merged and rid not in fj.children:
             fj.pending_outputs.append(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+from itertools import chain
 from typing import Any, Iterable
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -80,6 +81,9 @@ class SeqHooksMixin:
         super().__init__(*args, **kwargs)
         vllm_config = self.vllm_config
         self.hooks = _hooks_of(vllm_config)
+        #: vLLM's own ``_update_request_with_output`` (bound once: the
+        #: common step calls it without looking it up).
+        self._vllm_update_request = super()._update_request_with_output
         self.fork_join = ForkJoinState()
         self.metrics = HookMetrics(
             engine=str(vllm_config.parallel_config.data_parallel_index),
@@ -224,6 +228,20 @@ class SeqHooksMixin:
         st = self.fork_join.states.get(request.request_id)
         if st is None:
             return super()._update_request_with_output(request, new_token_ids, is_stale)
+        quiet = st.quiet_ids
+        if quiet is not None and quiet.isdisjoint(new_token_ids):
+            # Nothing to cut, charge, count or scan: vLLM's own work only.
+            # (A stop leaves nothing to do either: no payload is open, and
+            # a request with open children is loud.)
+            return self._vllm_update_request(request, new_token_ids, is_stale)
+        new_token_ids, stopped = self._update_watched(st, new_token_ids, is_stale)
+        self.fork_join.refresh_quiet(st)
+        return new_token_ids, stopped
+
+    def _update_watched(self, st: HookState, new_token_ids: list[int],
+                        is_stale: bool) -> tuple[list[int], bool]:
+        """A step with hook work: cut, append (vLLM), charge, scan, apply."""
+        request = st.request
         # 1. Cut what the request may not keep: tokens after a tag that
         #    stops it (speculative decoding), tokens past its family's budget.
         if st.scanner is not None and len(new_token_ids) > 1:
@@ -233,8 +251,7 @@ class SeqHooksMixin:
         start = request.num_tokens
         was_preempted = request.status == RequestStatus.PREEMPTED
         # 2. vLLM appends them and checks its own stops.
-        new_token_ids, stopped = super()._update_request_with_output(
-            request, new_token_ids, is_stale)
+        new_token_ids, stopped = self._vllm_update_request(request, new_token_ids, is_stale)
         self.family_limits.charge(st, len(new_token_ids))
         if not stopped and (over_budget or self.family_limits.stops_member(st)):
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED  # its family stopped
@@ -254,7 +271,6 @@ class SeqHooksMixin:
             # cut as rejected drafts.
             count_as_rejected(request, offered - len(new_token_ids))
         st.preempted_at_stop = was_preempted
-        st.sampled += len(new_token_ids)
         if st.accounting is not None:
             self.fork_join.accounting.pop(request.request_id, None)
             st.accounting = None
@@ -332,8 +348,19 @@ class SeqHooksMixin:
 
     # -------------------------------------------------------------- output
     def update_from_output(self, scheduler_output, model_runner_output):
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
         fj = self.fork_join
+        if not fj.loud and fj.watched_ids.isdisjoint(
+                chain.from_iterable(model_runner_output.sampled_token_ids)):
+            # No request has hook work in this step: vLLM's own method
+            # serves every request (bound on this instance for the step),
+            # so a step costs what it costs stock vLLM.
+            self._update_request_with_output = self._vllm_update_request
+            try:
+                outputs = super().update_from_output(scheduler_output, model_runner_output)
+            finally:
+                del self._update_request_with_output
+        else:
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
         if fj.requeue_after_step:
             self.parking.requeue_preempted()
         if fj.idle:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request, RequestStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class HookState:
     """What the scheduler keeps for one request with hooks."""
 
@@ -25,7 +25,8 @@ class HookState:
     orig_prompt_len: int
     orig_max_tokens: int
     orig_min_tokens: int
-    sampled: int = 0
+    #: Tokens it sampled before its current vLLM segment (its last resume).
+    sampled_before: int = 0
     #: Set while the request is parked because it finished with open
     #: children: the status it finishes with once they are merged.
     final_status: RequestStatus | None = None
@@ -43,6 +44,9 @@ class HookState:
     #: The limits of the family this request belongs to (None: no limits,
     #: the request cannot spawn).
     family: FamilyLedger | None = None
+    #: The ledger this request's sampled tokens are charged to: its
+    #: family's, for a descendant (a request's own tokens are not charged).
+    charged_to: FamilyLedger | None = None
     #: A child of a tag format that stopped at its end tag.
     ended_by_tag: bool = False
     #: The fork a tag format's request is parked at: its tag's last token
@@ -52,6 +56,16 @@ class HookState:
     #: A child ended without its end tag since the last join (the format's
     #: ``unclosed_child_stop_text`` then ends this parent at the join).
     unclosed_child: bool = False
+    #: While not None, a step whose sampled tokens are all outside this set
+    #: needs no hook work: nothing to cut, charge, count or scan. None:
+    #: every step is looked at. Set through ``ForkJoinState.set_quiet``.
+    quiet_ids: frozenset[int] | None = None
+
+    @property
+    def sampled(self) -> int:
+        """Tokens it sampled and kept, in all (vLLM's output tokens are
+        those of its current segment)."""
+        return self.sampled_before + self.request.num_output_tokens
 
 
 @dataclass
@@ -101,12 +115,40 @@ class ForkJoinState:
     child_deadlines: dict[str, float] = field(default_factory=dict)
     #: Waiting requests vLLM skips in this step's admission (fair share).
     held_this_step: set[str] = field(default_factory=set)
+    #: Requests whose every step needs hook work (quiet_ids None), and the
+    #: token ids any quiet request watches: a step with no loud request and
+    #: none of these ids sampled needs no hook work at all.
+    loud: set[str] = field(default_factory=set)
+    watched_ids: frozenset[int] = frozenset()
 
     @property
     def idle(self) -> bool:
         """Nothing in flight: a step's outputs need no fork/join handling."""
         return not (self.children or self.parked_this_step or self.pending_outputs
                     or self.ready_joins or self.ended_children or self.tree.nodes)
+
+    def set_quiet(self, st: HookState, quiet_ids: frozenset[int] | None) -> None:
+        """Set ``st.quiet_ids`` (None: the request is loud)."""
+        st.quiet_ids = quiet_ids
+        rid = st.request.request_id
+        if quiet_ids is None:
+            self.loud.add(rid)
+            return
+        self.loud.discard(rid)
+        if not quiet_ids <= self.watched_ids:
+            self.watched_ids |= quiet_ids
+
+    def refresh_quiet(self, st: HookState) -> None:
+        """A request is quiet unless its tokens are charged to a family, a
+        join's prefill is being counted, its family ran out, or it has open
+        children (its stop parks it); then it watches what its scanner
+        watches (nothing without a scanner)."""
+        if (st.charged_to is not None or st.accounting is not None
+                or (st.family is not None and st.family.exhausted_by is not None)
+                or self.tree.has_open_children(st.request.request_id)):
+            self.set_quiet(st, None)
+        else:
+            self.set_quiet(st, frozenset() if st.scanner is None else st.scanner.watched_ids())
 
     # ------------------------------------------------------------ parking
     def unpark(self, st: HookState) -> None:
@@ -119,6 +161,7 @@ class ForkJoinState:
         """Forget a request's hook state (recording its sampled tokens in
         its tree node)."""
         st = self.states.pop(rid, None)
+        self.loud.discard(rid)
         if st is not None:
             self.unpark(st)
             node = self.tree.get(rid)

@@ -85,6 +85,11 @@ class HookScanner(Protocol):
     def may_fire(self, tokens: Sequence[int]) -> bool:
         """Whether feeding ``tokens`` can yield an event (a cheap test)."""
 
+    def watched_ids(self) -> frozenset[int] | None:
+        """The token ids whose feeding can yield an event or change the
+        scanner, in its current state (None: any token can): feeding tokens
+        that are all outside it is a no-op."""
+
     def copy(self) -> "HookScanner":
         """An independent scanner in the same state (to look ahead)."""
 

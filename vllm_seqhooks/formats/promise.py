@@ -54,6 +54,11 @@ class PromiseScanner:
         """Whether feeding ``tokens`` can yield an event (a cheap test)."""
         return self.payload_start is not None or not self.hook_ids.isdisjoint(tokens)
 
+    def watched_ids(self) -> frozenset[int] | None:
+        """The hook token ids while no payload is open (None while one is:
+        every token is part of it)."""
+        return self.hook_ids if self.payload_start is None else None
+
     def copy(self) -> "PromiseScanner":
         """An independent scanner in the same state (to look ahead)."""
         twin = PromiseScanner.__new__(PromiseScanner)

@@ -50,6 +50,9 @@ class TagFormatScanner:
     def may_fire(self, tokens: Sequence[int]) -> bool:
         return True
 
+    def watched_ids(self) -> None:
+        return None  # tags are matched on bytes, across tokens
+
     def copy(self) -> "TagFormatScanner":
         twin = TagFormatScanner.__new__(TagFormatScanner)
         for name in self.__slots__:
