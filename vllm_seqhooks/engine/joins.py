@@ -5,6 +5,7 @@ finished request carries its trace."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -372,7 +373,7 @@ class _Merge:
 def _resumed_params(st: HookState, remaining: int):
     """A resumed parent's sampling parameters: its remaining budget, the
     ``min_tokens`` it has left, and the tokens it sampled before."""
-    sp = st.request.sampling_params.clone()
+    sp = copy.copy(st.request.sampling_params)  # (see spawning._child_params)
     sp.max_tokens = remaining
     sp.min_tokens = max(0, st.orig_min_tokens - st.sampled)
     extra = dict(sp.extra_args or {})

@@ -235,7 +235,8 @@ class SeqHooksMixin:
             # a request with open children is loud.)
             return self._vllm_update_request(request, new_token_ids, is_stale)
         new_token_ids, stopped = self._update_watched(st, new_token_ids, is_stale)
-        self.fork_join.refresh_quiet(st)
+        if st.charged_to is None:  # (a descendant's tokens are always charged)
+            self.fork_join.refresh_quiet(st)
         return new_token_ids, stopped
 
     def _update_watched(self, st: HookState, new_token_ids: list[int],
@@ -277,21 +278,23 @@ class SeqHooksMixin:
         if st.scanner is None:  # it cannot spawn: no open children either
             return new_token_ids, stopped
         # 3. Scan them and apply what they mean.
-        parked, stopped = self._apply_events(st, new_token_ids, start, stopped)
+        events = st.scanner.feed(new_token_ids, start)
+        parked = False
+        if events:
+            parked, stopped = self._apply_events(st, events, stopped)
         if parked:
             return new_token_ids, True
         if stopped:
             self._finish_or_park(st)
         return new_token_ids, stopped
 
-    def _apply_events(self, st: HookState, new_token_ids: list[int], start: int,
-                      stopped: bool) -> tuple[bool, bool]:
-        """Apply the scanner's events for ``new_token_ids``: spawn children,
-        park at a ``<sync>`` or fork tag, end a child at its end tag.
+    def _apply_events(self, st: HookState, events: list, stopped: bool) -> tuple[bool, bool]:
+        """Apply the scanner's ``events`` of a step: spawn children, park at
+        a ``<sync>`` or fork tag, end a child at its end tag.
         Returns (parked, stopped)."""
         request = st.request
         tree = self.fork_join.tree
-        for ev in st.scanner.feed(new_token_ids, start):
+        for ev in events:
             if isinstance(ev, PayloadClosed):
                 self.spawning.spawn(st, ev)
             elif isinstance(ev, PromiseIgnored):

@@ -11,6 +11,7 @@ as children end."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import deque
 from vllm.v1.request import Request
@@ -216,8 +217,11 @@ class Spawning:
 
 def _child_params(parent: Request, budget: int, key: str):
     """A child's sampling parameters: its parent's, with ``n=1``, its own
-    budget and key, and a seed derived from a seeded parent's."""
-    sp = parent.sampling_params.clone()
+    budget and key, and a seed derived from a seeded parent's. A shallow
+    copy: the child shares what it does not change (stop lists, logit bias,
+    structured-output settings: read-only in EngineCore), and its
+    ``extra_args`` is a new dict."""
+    sp = copy.copy(parent.sampling_params)
     sp.n = 1
     sp.max_tokens = budget
     extra = dict(sp.extra_args or {})
