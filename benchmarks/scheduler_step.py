@@ -37,7 +37,8 @@ Each configuration is built, brought to steady decode (every request past
 its prefill and, for families, every child spawned and every parent
 parked), then ``--steps`` steps are timed; a configuration's first build
 and run per size (warm-up) are discarded for all alike, and configurations
-run interleaved (``benchmarks.common.interleaved``). Reported: µs per step
+run interleaved (``benchmarks.common.interleaved``); garbage left by earlier
+runs is collected before the timed steps. Reported: µs per step
 (median over repeats), µs per scheduled request-step, and the slope per live
 request of a least-squares fit over the sizes. Sync scheduling; one token per
 request per step.
@@ -46,6 +47,7 @@ request per step.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -245,6 +247,9 @@ def measure(config: str, live: int, steps: int) -> dict[str, float]:
             raise RuntimeError(f"{config} at {live}: no steady state")
         for _ in range(3):
             _one_step(h)
+    # The garbage of earlier runs (other configurations' harnesses) is
+    # collected here, not inside this run's timed steps.
+    gc.collect()
     seconds, scheduled, live_sum = 0.0, 0, 0
     joins_before = h.sched.hook_stats.get("joins", 0) if config == "cycles" else 0
     for _ in range(steps):
@@ -332,15 +337,17 @@ def report(results: dict[str, Any], command: str) -> str:
     lines += ["", "Per scheduled request-step (µs per step over the requests scheduled in "
               "it; `cycles`: spawns, parks, joins and resumes included):", "",
               "| live requests | stock µs | stock-b / stock | families / stock | "
-              "cycles / stock | cycles: requests scheduled per step | cycles: joins per step |",
-              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "cycles / stock | stock-cycles / stock | cycles / stock-cycles | "
+              "cycles: requests scheduled per step | cycles: joins per step |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for live, point in results["points"].items():
         base = point["stock"]["us_per_request_step"]
         cyc = point["cycles"]
         lines.append(
             f"| {live} | {base:.2f} | "
             + " | ".join(f"{point[c]['us_per_request_step'] / base:.2f}"
-                         for c in ("stock-b", "families", "cycles"))
+                         for c in ("stock-b", "families", "cycles", "stock-cycles"))
+            + f" | {cyc['us_per_request_step'] / point['stock-cycles']['us_per_request_step']:.2f}"
             + f" | {cyc['scheduled_per_step']:.0f} | {cyc.get('joins_per_step', 0):.1f} |")
     return "\n".join(lines) + "\n"
 
