@@ -357,7 +357,7 @@ class SeqHooksMixin:
             # No request has hook work in this step: vLLM's own method
             # serves every request (bound on this instance for the step),
             # so a step costs what it costs stock vLLM.
-            self._update_request_with_output = self._vllm_update_request
+            self._update_request_with_output = super()._update_request_with_output
             try:
                 outputs = super().update_from_output(scheduler_output, model_runner_output)
             finally:
