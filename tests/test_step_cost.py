@@ -69,15 +69,36 @@ def test_hook_work_only_for_a_family_with_work(async_sched):
     steps = _count_hook_work(h)
     h.run(max_steps=120)
     touched = {rid for step in steps for rid in step}
-    # Plain requests never get the hook path; the family's members only
-    # while they have hook work (the promise, the open child, the join).
-    assert touched <= {"f", child_id("f", 0)}
-    assert "f" in touched and child_id("f", 0) in touched
+    # Plain requests never get the hook path; the parent only while it has
+    # hook work (the promise, its open child, the join). The child's whole
+    # budget fits in its family's: it is charged when it ends, not as it
+    # samples.
+    assert touched == {"f"}
+    assert h.trace("f")["limits"]["descendant_tokens"] == 4  # 60 61 62 EOS
     per_step = [len(step) for step in steps]
     assert sum(per_step) < 4 * len(steps)  # not one per live request per step
-    # Before the promise and after the join's prefill is counted, the parent
+    # After the join's prefill is counted, the parent
     # is served by vLLM's own path: its last tokens get no hook work.
     assert steps[-1] == [] and steps[-2] == []
     # Its budget counts only what it sampled (12), across the join.
     assert h.tokens["f"][:12] == [40, P, 41, E, 42, S, 60, 61, 62, 43, 44, 45]
     assert len(h.tokens["f"]) == 12 + 3
+
+
+@MODES
+def test_children_charged_as_they_sample_once_budgets_do_not_fit(async_sched):
+    """Budgets that do not all fit in the family's: every descendant is
+    charged (and trimmed) as it samples, and the family is cut when they
+    spend it, as before."""
+    h = SchedHarness(async_sched, hooks={"family_token_factor": 2})
+    h.add("f", prompt(12), max_tokens=10,
+          script=[P, 41, E, P, 42, E, S, 43])
+    h.scripts[child_id("f", 0)] = [60] * 30
+    h.scripts[child_id("f", 1)] = [70] * 30
+    steps = _count_hook_work(h)
+    h.run(max_steps=120)
+    touched = {rid for step in steps for rid in step}
+    assert child_id("f", 1) in touched
+    limits = h.trace("f")["limits"]
+    assert limits["descendant_tokens"] == limits["descendant_token_budget"] == 10
+    assert limits["exhausted_by"] == "family_token_budget"

@@ -107,6 +107,13 @@ class FamilyLedger:
     timed_out_children: int = 0
     #: Promises left as plain text, by reason.
     ignored: dict[str, int] = field(default_factory=dict)
+    #: Live descendants whose tokens are charged when they end or when the
+    #: family's usage is read, not as they sample: their budgets fit in
+    #: what the family has left, so none of them can be trimmed or spend it.
+    deferred: set[str] = field(default_factory=set)
+    #: A descendant's budget did not fit with the others' once: from then
+    #: on every descendant is charged as it samples.
+    pressured: bool = False
 
     @property
     def deadline(self) -> float | None:
@@ -142,6 +149,11 @@ class FamilyLedger:
         """A new child's ``max_tokens``: what it would get, within what the
         family has left."""
         return max(1, min(wanted, self.tokens_left()))
+
+    def fits(self, remaining: int) -> bool:
+        """Whether descendants that may still sample ``remaining`` tokens in
+        all fit in what the family has left (call with its usage settled)."""
+        return not self.pressured and self.tokens_left() >= remaining
 
     def spawned(self) -> None:
         self.descendants += 1

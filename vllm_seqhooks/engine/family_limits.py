@@ -50,10 +50,13 @@ class FamilyLimits:
 
     # ------------------------------------------------------------ spawning
     def refusal(self, st: HookState) -> str | None:
-        """Why the request's next promise may not spawn (None: it may)."""
+        """Why the request's next promise may not spawn (None: it may).
+        Settles the family's deferred charges (a new child's budget is
+        read from what is left right after)."""
         family = st.family
         if family is None:
             return None
+        self.settle(family)
         return family.spawn_refusal(len(self.sched.fork_join.children),
                                     self.sched.hooks.max_live_children)
 
@@ -65,14 +68,56 @@ class FamilyLimits:
         cst = fj.states.get(child_id)
         if cst is not None:
             cst.family = cst.charged_to = family
-            fj.set_quiet(cst, None)
+            self._defer_or_charge(family, cst)
         deadline = family.child_deadline(self.clock())
         if deadline is not None:
             fj.child_deadlines[child_id] = deadline
 
+    def _defer_or_charge(self, family: FamilyLedger, cst: HookState) -> None:
+        """A new descendant's charges are deferred while every live
+        descendant's budget fits in what the family has left (none can be
+        trimmed or spend the budget: they sample without per-step
+        charging); else every descendant is charged as it samples."""
+        fj = self.sched.fork_join
+        self.settle(family)
+        others = (fj.states.get(rid) for rid in family.deferred)
+        remaining = cst.orig_max_tokens + sum(
+            max(0, s.orig_max_tokens - s.sampled) for s in others if s is not None)
+        if family.fits(remaining):
+            family.deferred.add(cst.request.request_id)
+            cst.charge_deferred = True
+            fj.refresh_quiet(cst)
+            return
+        family.pressured = True
+        for rid in family.deferred:
+            s = fj.states.get(rid)
+            if s is not None:
+                s.charge_deferred = False
+                fj.set_quiet(s, None)
+        family.deferred.clear()
+        fj.set_quiet(cst, None)
+
+    def settle(self, family: FamilyLedger) -> None:
+        """Charge what the family's deferred descendants sampled so far."""
+        states = self.sched.fork_join.states
+        for rid in family.deferred:
+            st = states.get(rid)
+            if st is not None:
+                self._settle_one(st)
+
+    def _settle_one(self, st: HookState) -> None:
+        sampled = st.sampled
+        if sampled > st.charged_upto:
+            self._charge_family(st.charged_to, sampled - st.charged_upto)
+            st.charged_upto = sampled
+
     def child_ended(self, st: HookState | None, rid: str) -> None:
         self.sched.fork_join.child_deadlines.pop(rid, None)
         if st is not None and st.family is not None:
+            if st.charge_deferred:
+                self._settle_one(st)
+                st.family.deferred.discard(rid)
+                st.charge_deferred = False
             st.family.child_ended()
 
     # -------------------------------------------------------------- tokens
@@ -80,7 +125,7 @@ class FamilyLimits:
         """Drop the tokens a descendant sampled past its family's budget;
         True when some were dropped."""
         family = st.charged_to
-        if family is None:
+        if family is None or st.charge_deferred:
             return False
         offered = len(new_token_ids)
         allowed = 0 if family.exhausted_by is not None else family.allowed(offered)
@@ -90,8 +135,11 @@ class FamilyLimits:
         return False
 
     def charge(self, st: HookState, kept: int) -> None:
-        family = st.charged_to
-        if family is not None and family.charge(kept):
+        if st.charged_to is not None and not st.charge_deferred:
+            self._charge_family(st.charged_to, kept)
+
+    def _charge_family(self, family: FamilyLedger, kept: int) -> None:
+        if family.charge(kept):
             logger.info("%s: family token budget (%d tokens for descendants) "
                         "spent; cutting its descendants", family.root_id,
                         family.limits.descendant_budget)

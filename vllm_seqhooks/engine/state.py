@@ -47,6 +47,10 @@ class HookState:
     #: The ledger this request's sampled tokens are charged to: its
     #: family's, for a descendant (a request's own tokens are not charged).
     charged_to: FamilyLedger | None = None
+    #: Its charges are settled later (``FamilyLedger.deferred``), and how
+    #: many of its sampled tokens are charged so far.
+    charge_deferred: bool = False
+    charged_upto: int = 0
     #: A child of a tag format that stopped at its end tag.
     ended_by_tag: bool = False
     #: The fork a tag format's request is parked at: its tag's last token
@@ -142,8 +146,9 @@ class ForkJoinState:
         """A request is quiet unless its tokens are charged to a family, a
         join's prefill is being counted, its family ran out, or it has open
         children (its stop parks it); then it watches what its scanner
-        watches (nothing without a scanner)."""
-        if (st.charged_to is not None or st.accounting is not None
+        watches (nothing without a scanner). A descendant whose charges are
+        deferred is not charged as it samples."""
+        if ((st.charged_to is not None and not st.charge_deferred) or st.accounting is not None
                 or (st.family is not None and st.family.exhausted_by is not None)
                 or self.tree.has_open_children(st.request.request_id)):
             self.set_quiet(st, None)
