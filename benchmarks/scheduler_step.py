@@ -91,6 +91,24 @@ def _harness(config: str, live: int):
     return SchedHarness(False, **kwargs)
 
 
+def _fork_round(lead: list[int]) -> list[int]:
+    """A ``cycles`` parent's round: ``lead``, then a promise per child, then
+    ``<sync>`` (the next round's lead is ``[50]``)."""
+    from vllm_seqhooks.testing.sched_harness import PROMISE_END_ID, PROMISE_ID, SYNC_ID
+
+    script = list(lead)
+    for j in range(CHILDREN):
+        script += [PROMISE_ID, 41 + j, PROMISE_END_ID]
+    return script + [SYNC_ID]
+
+
+def _child_script(j: int) -> list[int]:
+    """What a ``cycles`` round's child ``j`` writes, EOS included."""
+    from vllm_seqhooks.testing.sched_harness import EOS_ID
+
+    return [60 + j] * (CYCLE_CHILD_TOKENS - 1) + [EOS_ID]
+
+
 def _populate(h, config: str, live: int) -> int:
     """Add the configuration's requests; the number it will keep running."""
     from vllm_seqhooks.testing.sched_harness import (
@@ -100,15 +118,13 @@ def _populate(h, config: str, live: int) -> int:
         roots = max(1, live // (CHILDREN + 1))
         for i in range(roots):
             rid = f"c{i}"
-            script = [40] * (i % STAGGER)
+            script: list[int] = []
             for r in range(ROUNDS):
+                script += _fork_round([40] * (i % STAGGER) if r == 0 else [50])
                 for j in range(CHILDREN):
-                    script += [PROMISE_ID, 41 + j, PROMISE_END_ID]
-                    h.scripts[child_id(rid, r * CHILDREN + j)] = (
-                        [60 + j] * (CYCLE_CHILD_TOKENS - 1) + [EOS_ID])
-                script += [SYNC_ID, 50]
-            h.add(rid, [10 + i % 50] * PROMPT, script=script + [EOS_ID],
-                  max_tokens=len(script) + 1)
+                    h.scripts[child_id(rid, r * CHILDREN + j)] = _child_script(j)
+            script += [50, EOS_ID]
+            h.add(rid, [10 + i % 50] * PROMPT, script=script, max_tokens=len(script))
         return roots
     if config == "families":
         roots = max(1, live // (CHILDREN + 1))
@@ -135,21 +151,12 @@ class _ClientLoop:
         self.context: dict[str, list[int]] = {}
         self.waiting_children: dict[str, dict[str, list[int]]] = {}
         self.parent_of: dict[str, str] = {}
-        self.current: dict[str, str] = {}
         self.tokens: dict[str, list[int]] = {}
         for i in range(max(1, live // (CHILDREN + 1))):
             fam = f"s{i}"
             self.rounds[fam] = 0
             self.context[fam] = [10 + i % 50] * PROMPT
             self._submit_parent(fam, [40] * (i % STAGGER), timed=False)
-
-    def _round_script(self, lead: list[int]) -> list[int]:
-        from vllm_seqhooks.testing.sched_harness import PROMISE_END_ID, PROMISE_ID, SYNC_ID
-
-        script = list(lead)
-        for j in range(CHILDREN):
-            script += [PROMISE_ID, 41 + j, PROMISE_END_ID]
-        return script + [SYNC_ID]
 
     def _add(self, rid: str, prompt: list[int], script: list[int], timed: bool) -> float:
         from vllm import SamplingParams
@@ -170,8 +177,7 @@ class _ClientLoop:
 
     def _submit_parent(self, fam: str, lead: list[int], timed: bool) -> float:
         rid = f"{fam}/{self.rounds[fam]}"
-        self.current[fam] = rid
-        return self._add(rid, list(self.context[fam]), self._round_script(lead), timed)
+        return self._add(rid, list(self.context[fam]), _fork_round(lead), timed)
 
     def after_step(self, outputs) -> float:
         """The client's reaction to a step's finished requests; the seconds
@@ -204,8 +210,7 @@ class _ClientLoop:
                     self.parent_of[cid] = fam
                     self.waiting_children[fam][cid] = []
                     prompt = self.context[fam] + [41 + j]
-                    spent += self._add(cid, prompt, [60 + j] * (CYCLE_CHILD_TOKENS - 1) + [EOS_ID],
-                                       timed=True)
+                    spent += self._add(cid, prompt, _child_script(j), timed=True)
         return spent
 
 

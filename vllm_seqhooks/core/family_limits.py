@@ -120,11 +120,8 @@ class FamilyLedger:
         t = self.limits.timeout_s
         return None if t is None else self.started + t
 
-    def __post_init__(self) -> None:
-        self._descendant_budget = self.limits.descendant_budget
-
     def tokens_left(self) -> int:
-        return max(0, self._descendant_budget - self.descendant_tokens)
+        return max(0, self.limits.descendant_budget - self.descendant_tokens)
 
     def spawn_refusal(self, engine_live_children: int, engine_max_live: int) -> str | None:
         """Why the next promise may not spawn a child (None: it may).

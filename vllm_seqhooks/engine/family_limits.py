@@ -124,9 +124,9 @@ class FamilyLimits:
     def trim_to_budget(self, st: HookState, new_token_ids: list[int]) -> bool:
         """Drop the tokens a descendant sampled past its family's budget;
         True when some were dropped."""
-        family = st.charged_to
-        if family is None or st.charge_deferred:
+        if not st.charged_per_step:
             return False
+        family = st.charged_to
         offered = len(new_token_ids)
         allowed = 0 if family.exhausted_by is not None else family.allowed(offered)
         if allowed < offered:
@@ -135,7 +135,7 @@ class FamilyLimits:
         return False
 
     def charge(self, st: HookState, kept: int) -> None:
-        if st.charged_to is not None and not st.charge_deferred:
+        if st.charged_per_step:
             self._charge_family(st.charged_to, kept)
 
     def _charge_family(self, family: FamilyLedger, kept: int) -> None:

@@ -235,7 +235,7 @@ class SeqHooksMixin:
             # a request with open children is loud.)
             return self._vllm_update_request(request, new_token_ids, is_stale)
         new_token_ids, stopped = self._update_watched(st, new_token_ids, is_stale)
-        if st.charged_to is None or st.charge_deferred:  # (else charged each step)
+        if not st.charged_per_step:  # (else it stays loud)
             self.fork_join.refresh_quiet(st)
         return new_token_ids, stopped
 

@@ -71,6 +71,11 @@ class HookState:
         those of its current segment)."""
         return self.sampled_before + self.request.num_output_tokens
 
+    @property
+    def charged_per_step(self) -> bool:
+        """Its sampled tokens are charged to its family as it samples."""
+        return self.charged_to is not None and not self.charge_deferred
+
 
 @dataclass
 class DeferredChild:
@@ -148,7 +153,7 @@ class ForkJoinState:
         children (its stop parks it); then it watches what its scanner
         watches (nothing without a scanner). A descendant whose charges are
         deferred is not charged as it samples."""
-        if ((st.charged_to is not None and not st.charge_deferred) or st.accounting is not None
+        if (st.charged_per_step or st.accounting is not None
                 or (st.family is not None and st.family.exhausted_by is not None)
                 or self.tree.has_open_children(st.request.request_id)):
             self.set_quiet(st, None)
