@@ -275,6 +275,15 @@ class Counters:
     peak_parked_blocks: int = 0
     peak_running: int = 0
     preemptions: int = 0
+    #: Seconds inside ``schedule()``, ``update_from_output()`` and the
+    #: client's ``add_request()`` calls (no model; a spawn's ``Request`` is
+    #: built inside ``update_from_output``, a client's before
+    #: ``add_request``), and the requests the steps scheduled.
+    scheduler_s: float = 0.0
+    scheduled_request_steps: int = 0
+    #: Seconds in the model runner's batch reorder (``_may_reorder_batch``,
+    #: vLLM's own and, with hooks, the family grouping around it).
+    reorder_s: float = 0.0
     #: Per step: (engine seconds, tokens computed, requests scheduled).
     step_log: list[tuple[float, int, int]] = field(default_factory=list)
 
@@ -312,14 +321,28 @@ class EngineProbe:
         orig_update = sched.update_from_output
         orig_preempt = getattr(sched, "_preempt_request", None)
 
+        orig_add = sched.add_request
+        inside = [False]
+
         def schedule(*args: Any, **kwargs: Any):
             t0 = time.perf_counter()
-            out = orig_schedule(*args, **kwargs)
+            inside[0] = True
+            try:
+                out = orig_schedule(*args, **kwargs)
+            finally:
+                inside[0] = False
+            self.counters.scheduler_s += time.perf_counter() - t0
             self._record(out, t0)
             return out
 
         def update_from_output(*args: Any, **kwargs: Any):
-            res = orig_update(*args, **kwargs)
+            t0 = time.perf_counter()
+            inside[0] = True
+            try:
+                res = orig_update(*args, **kwargs)
+            finally:
+                inside[0] = False
+            self.counters.scheduler_s += time.perf_counter() - t0
             if self._t0 is not None:
                 if self.log_steps:
                     self.counters.step_log.append(
@@ -327,14 +350,50 @@ class EngineProbe:
                 self._t0 = None
             return res
 
+        def add_request(*args: Any, **kwargs: Any):
+            # A client's requests enter the scheduler here; the hook
+            # scheduler's children from inside schedule/update_from_output
+            # (timed there already).
+            if inside[0]:
+                return orig_add(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return orig_add(*args, **kwargs)
+            finally:
+                self.counters.scheduler_s += time.perf_counter() - t0
+
         sched.schedule = schedule
         sched.update_from_output = update_from_output
+        sched.add_request = add_request
         if orig_preempt is not None:
             def preempt(*args: Any, **kwargs: Any):
                 self.counters.preemptions += 1
                 return orig_preempt(*args, **kwargs)
 
             sched._preempt_request = preempt
+        self._time_reorder(llm)
+
+    def _time_reorder(self, llm: Any) -> None:
+        """Time the model runner's ``_may_reorder_batch`` (the same wrapper
+        on every engine; a no-op on an engine whose runner is elsewhere)."""
+        from vllm_seqhooks.testing.forkjoin import model_runner_of
+
+        try:
+            runner = model_runner_of(llm)
+        except (AttributeError, RuntimeError):
+            return
+        orig = getattr(runner, "_may_reorder_batch", None)
+        if orig is None:
+            return
+
+        def may_reorder_batch(*args: Any, **kwargs: Any):
+            t0 = time.perf_counter()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self.counters.reorder_s += time.perf_counter() - t0
+
+        runner._may_reorder_batch = may_reorder_batch
 
     def reset(self) -> None:
         self.counters = Counters()
@@ -368,6 +427,7 @@ class EngineProbe:
         c.decode_tokens += decode
         c.prefill_tokens += total - decode
         n = len(out.num_scheduled_tokens)
+        c.scheduled_request_steps += n
         c.peak_running = max(c.peak_running, n)
         c.peak_blocks_in_use = max(c.peak_blocks_in_use, self.blocks_in_use())
         if self.track_parked:
