@@ -102,3 +102,74 @@ def test_children_charged_as_they_sample_once_budgets_do_not_fit(async_sched):
     limits = h.trace("f")["limits"]
     assert limits["descendant_tokens"] == limits["descendant_token_budget"] == 10
     assert limits["exhausted_by"] == "family_token_budget"
+
+
+def test_a_child_hashes_only_the_blocks_it_does_not_share_with_its_parent(monkeypatch):
+    """A child's prompt starts with its parent's context: it takes the
+    parent's block hashes for those whole blocks and hashes only the rest
+    (a client loop's request is hashed whole), and its hashes are exactly
+    the ones vLLM computes for the same prompt from scratch."""
+    import vllm.v1.core.kv_cache_utils as kv_utils
+
+    from vllm_seqhooks.testing.sched_setup import block_hasher
+
+    hashed: list[int] = []
+    real_hash = kv_utils.hash_block_tokens
+    monkeypatch.setattr(kv_utils, "hash_block_tokens",
+                        lambda fn, prev, tokens, extra=None: (
+                            hashed.append(len(tokens)), real_hash(fn, prev, tokens, extra))[1])
+    h = SchedHarness(False, num_blocks=200, block_size=4)
+    parent = h.add("p", prompt(40), script=[20] * 9 + [P, 41, 42, E, S, EOS], max_tokens=30)
+    h.scripts[child_id("p", 0)] = [60, 61, EOS]
+    spawned = []
+    orig = h.sched.spawning._start_child
+
+    def start_child(st, child_id_, *args, **kwargs):
+        hashed.clear()
+        parent_hashes = len(st.request.block_hashes)
+        orig(st, child_id_, *args, **kwargs)
+        spawned.append((h.sched.fork_join.children[child_id_], parent_hashes, list(hashed)))
+
+    monkeypatch.setattr(h.sched.spawning, "_start_child", start_child)
+    h.run(max_steps=60)
+    (child, parent_hashes, blocks_hashed), = spawned
+    full = len(child.prompt_token_ids) // 4
+    shared = min(parent_hashes, full)
+    assert shared >= 10  # the parent's 40-token prompt and more
+    assert len(blocks_hashed) == full - shared < full
+    from vllm.v1.request import Request
+
+    fresh = Request(request_id="fresh", prompt_token_ids=list(child.prompt_token_ids),
+                    sampling_params=child.sampling_params, pooling_params=None,
+                    arrival_time=0.0, block_hasher=block_hasher(4))
+    assert len(fresh.block_hashes) == full
+    assert child.block_hashes[:full] == fresh.block_hashes  # (then its own output's)
+    assert parent.block_hashes[:shared] == child.block_hashes[:shared]
+
+
+def test_fair_share_builds_its_plan_only_while_a_request_waits_beside_children():
+    """Fair share holds back or preempts only children, and only for a
+    request that is not one: its per-request entries are built only in
+    steps where both exist (a plain request waiting beside running
+    children), not in every step that children live."""
+    h = SchedHarness(False, num_blocks=400, max_num_seqs=3)
+    built: list[int] = []
+    entry = h.sched.fair_share._entry
+    h.sched.fair_share._entry = lambda *a, **k: (built.append(len(h.sched.fork_join.children)),
+                                                  entry(*a, **k))[1]
+    script = [20, P, 41, E, P, 42, E, P, 43, E, P, 44, E, S, 50, EOS]
+    h.add("fam", prompt(12), script=script, max_tokens=40)
+    for c in range(4):
+        h.scripts[child_id("fam", c)] = [60] * 12 + [EOS]
+    h.run_until(lambda: len(h.sched.fork_join.children) == 4)
+    for _ in range(3):
+        h.step()
+        assert h.sched.waiting  # a child waits for a slot
+    assert built == []  # children run or wait, nothing else waits: no plan
+    for i in range(6):  # more plain requests than free slots: they wait
+        h.add(f"plain{i}", prompt(12, 30 + i), script=[70] * 4 + [EOS], max_tokens=10)
+    h.step()
+    assert built and all(n > 0 for n in built)
+    h.run(max_steps=200)
+    for i in range(6):
+        assert any(o.finish_reason is not None for o in h.outputs_for(f"plain{i}"))

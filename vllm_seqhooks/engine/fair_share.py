@@ -30,6 +30,14 @@ class FairShare:
     def _holds(self) -> list[str]:
         sched = self.sched
         fj = sched.fork_join
+        children = fj.children
+        # Only children are held back or preempted, and only for a request
+        # that is not one: without both there is no plan to make.
+        parked = RequestStatus.WAITING_FOR_STREAMING_REQ
+        if all(c.status == parked for c in children.values()):
+            return []
+        if all(req.request_id in children for req in sched.waiting):
+            return []
         waiting = [self._entry(req) for req in sched.waiting
                    if req.status != RequestStatus.WAITING_FOR_STREAMING_REQ
                    and req.request_id not in fj.held_this_step]
@@ -73,7 +81,10 @@ class FairShare:
             return Entry(rid, family, req.priority, is_child,
                          blocks_to_start(req.num_tokens, req.num_computed_tokens,
                                          sched.block_size))
+        block_ids = sched.kv_cache_manager.get_block_ids(rid)[0]
+        if st is None or st.family is None:  # a family of one: no block shared
+            return Entry(rid, family, req.priority, is_child, len(block_ids))
         seen = with_blocks.setdefault(family, set())
-        ids = set(sched.kv_cache_manager.get_block_ids(rid)[0]) - seen
+        ids = set(block_ids) - seen
         seen |= ids
         return Entry(rid, family, req.priority, is_child, len(ids))

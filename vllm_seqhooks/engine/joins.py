@@ -40,27 +40,34 @@ class Joins:
         children that ended), keep the outputs of requests that parked in
         this step unfinished, and attach the trace of finished ones."""
         fj = self.sched.fork_join
+        children, ended = fj.children, fj.ended_children
         for eco in outputs.values():
-            kept: list[EngineCoreOutput] = []
-            for out in eco.outputs:
+            outs = eco.outputs
+            # Most outputs are running children's or plain decodes: two
+            # passes of membership tests, the per-output work only for the
+            # few that finished or parked.
+            for out in [o for o in outs if o.finish_reason is not None
+                        or o.request_id in parked_now]:
                 rid = out.request_id
-                child = fj.children.get(rid)
-                if child is not None or rid in fj.ended_children:
-                    if (child is not None and out.finish_reason is not None
-                            and rid not in parked_now):
-                        state = FINISHED if out.finish_reason in _FINISHED_REASONS else FAILED
+                child = children.get(rid)
+                if child is not None:
+                    if rid not in parked_now:
+                        state = (FINISHED if out.finish_reason in _FINISHED_REASONS
+                                 else FAILED)
                         self.child_ended(child, state, out.finish_reason)
-                    continue
-                if rid in parked_now:
+                elif rid in ended:
+                    pass
+                elif rid in parked_now:
                     self._unfinish(out)
-                elif out.finish_reason is not None and rid in fj.tree:
+                elif rid in fj.tree:
                     self.attach_trace(out)
-                kept.append(out)
-            eco.outputs = kept
+            if children or ended:
+                eco.outputs = [o for o in outs
+                               if o.request_id not in children and o.request_id not in ended]
             if eco.finished_requests:
                 eco.finished_requests = {
                     r for r in eco.finished_requests
-                    if r not in fj.children and r not in fj.ended_children
+                    if r not in children and r not in ended
                 }
 
     def _unfinish(self, out: EngineCoreOutput) -> None:

@@ -21,6 +21,7 @@ from vllm_seqhooks.core.child_queue import child_insert_index
 from vllm_seqhooks.core.family_limits import ENGINE_LIVE, TRANSIENT_REFUSALS
 from vllm_seqhooks.core.join_plan import child_budget, promise_prompt, promise_prompt_len
 from vllm_seqhooks.core.request_tree import FAILED, RUNNING, HookNode, derive_seed
+from vllm_seqhooks.engine import vllm_private
 from vllm_seqhooks.engine.state import DeferredChild, HookState
 from vllm_seqhooks.formats.events import ForkReached, PayloadClosed
 from vllm_seqhooks.formats.boundaries import child_prompt
@@ -179,8 +180,9 @@ class Spawning:
             cache_salt=parent.cache_salt,
             priority=parent.priority,
             trace_headers=parent.trace_headers,
-            block_hasher=parent._block_hasher,
+            block_hasher=None,  # the parent's, and its hashes (next line)
         )
+        vllm_private.share_block_hashes(child, parent, sched.hash_block_size)
         fj.children[child_id] = child
         sched.add_request(child)
         sched.family_limits.child_spawned(st.family, child_id)

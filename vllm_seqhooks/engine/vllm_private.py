@@ -47,6 +47,7 @@ SCHEDULER_ATTRIBUTES = (
     "max_num_running_reqs",
     "use_v2_model_runner",
     "vllm_config",
+    "hash_block_size",
 )
 
 #: Request internals (attributes of a constructed Request).
@@ -64,6 +65,9 @@ REQUEST_ATTRIBUTES = (
     "is_prefill_chunk",
     "num_output_placeholders",
     "spec_token_ids",
+    "block_hashes",
+    "mm_features",
+    "prompt_embeds",
 )
 
 REQUEST_INIT_PARAMS = (
@@ -165,7 +169,47 @@ def problems() -> list[str]:
             found.append(f"EngineCoreOutput lost field {f!r}")
     if not hasattr(RequestStatus, "WAITING_FOR_STREAMING_REQ"):
         found.append("RequestStatus.WAITING_FOR_STREAMING_REQ is missing")
+    found += _block_hasher_problems()
     return found
+
+
+def _block_hasher_problems() -> list[str]:
+    """What :func:`share_block_hashes` relies on: the engine's block hasher
+    hashes from the request's first block without a hash, chaining on the
+    last one it has; ``Request.update_block_hashes`` runs it."""
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    src = inspect.getsource(get_request_block_hasher)
+    found = []
+    if ("len(request.block_hashes) * hash_block_size" not in src
+            or "request.block_hashes[-1]" not in src):
+        found.append("get_request_block_hasher no longer continues from the "
+                     "request's existing block hashes")
+    if "update_block_hashes" not in vars(Request):
+        found.append("Request.update_block_hashes is missing")
+    return found
+
+
+def share_block_hashes(child, parent, hash_block_size: int) -> None:
+    """Give ``child`` (built with ``block_hasher=None``) its parent's block
+    hasher and the block hashes of the whole blocks its prompt shares with
+    the parent's tokens, then hash only the rest, as vLLM would have
+    hashed the whole prompt (the same tokens, LoRA and cache salt give the
+    same chained hashes). A parent with multimodal features or prompt
+    embeddings (extra hash keys the child does not have) shares none."""
+    hasher = parent._block_hasher
+    if hasher is None:
+        return
+    child._block_hasher = hasher
+    shared = 0
+    if not parent.mm_features and parent.prompt_embeds is None:
+        shared = min(len(parent.block_hashes), len(child.prompt_token_ids) // hash_block_size)
+        end = shared * hash_block_size
+        if shared and parent._all_token_ids[:end] != child.prompt_token_ids[:end]:
+            shared = 0
+    child.block_hashes = parent.block_hashes[:shared]
+    child.update_block_hashes()
 
 
 _checked = False
