@@ -24,11 +24,22 @@ def test_family_of_strips_every_child_level():
     assert family_of(f"req-7{M}2{M}1") == "req-7"
 
 
+def blocks(ids):
+    """The batch as (family, set of members) runs."""
+    out = []
+    for rid in ids:
+        if out and out[-1][0] == family_of(rid):
+            out[-1][1].add(rid)
+        else:
+            out.append((family_of(rid), {rid}))
+    return out
+
+
 def test_round_robin_arrival_is_grouped_in_first_seen_order():
     # child 0 of every family, then child 1 of every family
     ids = ["a", "b", "c", f"a{M}0", f"b{M}0", f"c{M}0", f"a{M}1", f"b{M}1", f"c{M}1"]
     out = apply(ids, grouping_swaps(ids))
-    assert out == ["a", f"a{M}0", f"a{M}1", "b", f"b{M}0", f"b{M}1", "c", f"c{M}0", f"c{M}1"]
+    assert blocks(out) == [(f, {f, f"{f}{M}0", f"{f}{M}1"}) for f in "abc"]
 
 
 def test_grouped_batches_and_plain_requests_need_no_swap():
@@ -37,8 +48,29 @@ def test_grouped_batches_and_plain_requests_need_no_swap():
     assert grouping_swaps([]) == []
 
 
+def grouped(families, size):
+    return [f"{f}{M}{k}" for f in families for k in range(size)]
+
+
+def test_a_request_entering_costs_one_swap_per_block_it_crosses():
+    """The V1 runner appends a new request at the end of the batch (or puts
+    it in the hole a finished one left): its family's block grows by one
+    and each block after it moves by one, one swap each; members already in
+    their block stay."""
+    ids = grouped("abcd", 3) + [f"a{M}9"]
+    swaps = grouping_swaps(ids)
+    assert len(swaps) == 3
+    assert [f for f, _ in blocks(apply(ids, swaps))] == list("abcd")
+    # b's middle member finished; the runner moved d's last member into the hole
+    ids = grouped("abcd", 3)
+    ids[4] = ids.pop()
+    swaps = grouping_swaps(ids)
+    assert len(swaps) == 2
+    assert [f for f, _ in blocks(apply(ids, swaps))] == list("abcd")
+
+
 @pytest.mark.parametrize("seed", range(50))
-def test_random_batches_end_contiguous_with_members_in_order(seed):
+def test_random_batches_end_contiguous(seed):
     rng = random.Random(seed)
     fams = [f"r{i}" for i in range(rng.randint(1, 8))]
     ids = []
@@ -49,13 +81,15 @@ def test_random_batches_end_contiguous_with_members_in_order(seed):
     swaps = grouping_swaps(ids)
     out = apply(ids, swaps)
     assert sorted(out) == sorted(ids)
-    assert len(swaps) < max(len(ids), 1)
-    runs = [family_of(r) for i, r in enumerate(out) if i == 0 or family_of(out[i - 1]) != family_of(r)]
+    runs = [f for f, _ in blocks(out)]
     assert len(runs) == len(set(runs))  # every family is one run
-    first_seen = list(dict.fromkeys(family_of(r) for r in ids))
-    assert runs == first_seen
-    for f in first_seen:  # members keep their relative order
-        assert [r for r in out if family_of(r) == f] == [r for r in ids if family_of(r) == f]
+    # Only members outside their family's final block move, each swap
+    # placing at least one.
+    owner = [family_of(r) for r in out]
+    misplaced = sum(family_of(r) != owner[i] for i, r in enumerate(ids))
+    assert len(swaps) <= misplaced
+    moved = {i for swap in swaps for i in swap}
+    assert all(family_of(ids[i]) != owner[i] for i in moved)
 
 
 def test_batch_order_setting_is_validated():
@@ -69,8 +103,12 @@ def test_batch_order_setting_is_validated():
 
 class _FakeBatch:
     def __init__(self, ids):
+        from types import SimpleNamespace
+
         self._ids = list(ids)
         self.swaps = []
+        # The requests entered the batch in this step.
+        self.batch_update_builder = SimpleNamespace(added=list(ids), moved=[])
 
     @property
     def req_ids(self):
@@ -82,6 +120,7 @@ class _FakeBatch:
 
     def swap_states(self, i1, i2):
         self.swaps.append((i1, i2))
+        self.batch_update_builder.moved.append((i1, i2))
         self._ids[i1], self._ids[i2] = self._ids[i2], self._ids[i1]
 
 
@@ -109,11 +148,72 @@ def test_installed_model_runner_hook_groups_only_engines_that_ask(extra, grouped
     runner = _FakeRunner(extra, ids)
     for _ in range(2):  # the second step finds the batch grouped already
         GPUModelRunner._may_reorder_batch(runner, None)
+        runner.input_batch.batch_update_builder.added.clear()
+        runner.input_batch.batch_update_builder.moved.clear()
     if grouped:
         assert runner.input_batch.req_ids == ["a", f"a{M}0", "b", f"b{M}0"]
         assert runner.input_batch.swaps == [(1, 2)]  # one swap, and none in the second step
     else:
         assert runner.input_batch.req_ids == ids and runner.input_batch.swaps == []
+
+
+def _real_input_batch():
+    import torch
+    from vllm import SamplingParams
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+
+    batch = InputBatch(max_num_reqs=32, max_model_len=256, max_num_batched_tokens=256,
+                       device=torch.device("cpu"), vocab_size=100, block_sizes=[16],
+                       max_num_blocks_per_req=[16])
+
+    def add(rid):
+        batch.add_request(CachedRequestState(
+            req_id=rid, prompt_token_ids=[1, 2, 3], mm_features=[],
+            sampling_params=SamplingParams(max_tokens=4), generator=None,
+            block_ids=([1],), num_computed_tokens=0, output_token_ids=[]))
+
+    return batch, add
+
+
+def test_v1_runner_regroups_only_when_a_request_entered_or_moved(monkeypatch):
+    """On vLLM's own InputBatch: a step in which no request entered the
+    batch and none was moved swaps nothing and reads no request id; a
+    request that entered, or one the runner moved into a hole, is grouped
+    with its family at the next reorder."""
+    import vllm_seqhooks.engine.worker  # noqa: F401 - importing installs the hook
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    batch, add = _real_input_batch()
+    runner = _FakeRunner({"seqhooks": {"sync_token_id": 1, "promise_token_id": 2}}, [])
+    runner.input_batch = batch
+    swaps = []
+    real_swap = type(batch).swap_states
+    monkeypatch.setattr(type(batch), "swap_states",
+                        lambda self, i, j: (swaps.append((i, j)), real_swap(self, i, j)))
+
+    def step():
+        swaps.clear()
+        batch.condense()
+        GPUModelRunner._may_reorder_batch(runner, None)
+        batch.refresh_metadata()  # what the runner does next: the step's changes are spent
+        return len(swaps)
+
+    for rid in ["a", "b", "c", f"a{M}0", f"b{M}0", f"c{M}0"]:
+        add(rid)
+    assert step() > 0
+    assert [f for f, _ in blocks(batch.req_ids)] == list("abc")
+    assert step() == 0
+    monkeypatch.setattr(type(batch), "req_ids", property(lambda self: pytest.fail("read")))
+    assert step() == 0  # nothing changed: the ids are not even read
+    monkeypatch.undo()
+    monkeypatch.setattr(type(batch), "swap_states",
+                        lambda self, i, j: (swaps.append((i, j)), real_swap(self, i, j)))
+    add(f"a{M}1")  # appended after c's block
+    assert step() == 2
+    assert [f for f, _ in blocks(batch.req_ids)] == list("abc")
+    batch.remove_request(f"b{M}0")  # the runner moves the last request into its hole
+    assert step() <= 1
+    assert [f for f, _ in blocks(batch.req_ids)] == list("abc")
 
 
 def test_engines_with_hooks_load_the_worker_extension():
@@ -205,10 +305,32 @@ def test_v2_runner_batches_keep_families_together(monkeypatch):
     assert any(_interleaved(b) for b in _v2_batches(monkeypatch, "arrival"))
 
 
-def test_grouped_order():
-    from vllm_seqhooks.core.batch_order import grouped_order
+class _NoSort(list):
+    def sort(self, *args, **kwargs):
+        raise AssertionError("sorted")
 
-    c = lambda p, i: f"{p}@seqhooks-child{i}"  # noqa: E731
-    assert grouped_order(["a", "b", c("a", 0)]) == ["a", c("a", 0), "b"]
-    assert grouped_order(["a", c("a", 0), "b"]) is None
-    assert grouped_order(["a", "b"]) is None
+
+def test_v2_order_moves_only_the_requests_that_joined():
+    """The scheduler keeps its running requests in arrival order; a step
+    moves only the requests vLLM appended in it, and a step with none
+    does nothing."""
+    from types import SimpleNamespace
+
+    from vllm_seqhooks.engine.scheduler import _keep_families_together
+
+    def req(rid, arrival):
+        return SimpleNamespace(request_id=rid, arrival_time=arrival)
+
+    def output(*new, resumed=()):
+        return SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id=r) for r in new],
+                               scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set(resumed)))
+
+    a, b, c = req("a", 1.0), req("b", 2.0), req("c", 3.0)
+    running = _NoSort([a, b, c, req(f"a{M}0", 1.0), req(f"b{M}0", 2.0)])
+    _keep_families_together(running, output(f"a{M}0", resumed=[f"b{M}0"]), True)
+    assert [family_of(r.request_id) for r in running] == list("aabbc")
+    _keep_families_together(running, output(), True)  # nothing joined: untouched
+    # Not known to be in order (children just appeared): sorted, stably.
+    running = [c, req(f"c{M}0", 3.0), a, b]
+    _keep_families_together(running, output(), False)
+    assert [r.request_id for r in running] == ["a", "b", "c", f"c{M}0"]

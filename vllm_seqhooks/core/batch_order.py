@@ -14,13 +14,15 @@ layer, families grouped 5.0 ms (``python -m benchmarks.attention_order``;
 docs/benchmarks/attention_order.md and README.md).
 
 :func:`grouping_swaps` computes the swaps that group a batch by family
-(the top-level request and all its descendants), keeping the families in
-the order of their first member and each family's members in their current
-order. ``vllm_private.install_family_batch_order`` applies them in the V1
-model runner's persistent batch before each step. The V2 model runner has no
-persistent batch: it orders each step's requests as the scheduler output
-lists them (stably sorted, decodes first), so the scheduler lists them in
-:func:`grouped_order`. No vLLM import here.
+(the top-level request and all its descendants), leaving each family's
+block where most of it already is and moving only members outside their
+family's block. ``vllm_private.install_family_batch_order`` applies them in the V1
+model runner's persistent batch before each step in which a request entered
+it or was moved. The V2 model runner has no persistent batch: it orders each
+step's requests as the scheduler output lists them (stably sorted, decodes
+first), so the scheduler keeps its running requests in arrival order (a
+child arrives at its parent's time), moving only those that joined in the
+step (``scheduler._keep_families_together``). No vLLM import here.
 """
 
 from __future__ import annotations
@@ -44,43 +46,55 @@ def family_groups(request_ids: Sequence[str]) -> dict[str, list[int]]:
     return groups
 
 
-def grouped_order(request_ids: Sequence[str]) -> list[str] | None:
-    """``request_ids`` with every family contiguous (families in order of
-    their first member, members in their order), or None when they already
-    are. The fork/join scheduler puts its output's requests in this order:
-    the V2 model runner builds its batch from that order (sorted, stably,
-    decodes first), so decode batches keep families together."""
-    groups = family_groups(request_ids)
-    if len(groups) == len(request_ids):
-        return None
-    order = [index for members in groups.values() for index in members]
-    if all(i == j for i, j in enumerate(order)):
-        return None
-    return [request_ids[i] for i in order]
-
-
 def grouping_swaps(request_ids: Sequence[str]) -> list[tuple[int, int]]:
     """Swaps ``(i, j)``, applied in order, that make every family contiguous.
 
-    Families keep the order of their first member in ``request_ids``; members
-    keep their relative order. Empty when the batch is already grouped (the
-    usual case once a family's children have all started), so a step costs
-    one pass over the ids.
+    Each family gets a block where its longest run of members already is
+    (blocks in the order of those runs), a member already inside its
+    family's block stays there, and each swap puts at least one member into
+    its block (members of a family may change places among themselves). So
+    a request that enters the batch, or that the runner moves into the hole
+    a finished one left, costs about one swap per block between where it
+    landed and its family. Empty when the batch is already grouped.
     """
-    groups = family_groups(request_ids)
-    if len(groups) == len(request_ids):
+    families = [family_of(rid) for rid in request_ids]
+    order = _block_order(families)
+    if order is None:
         return []
-    target = [index for members in groups.values() for index in members]
-    # position -> original index now there, and the inverse
-    at = list(range(len(request_ids)))
-    where = list(range(len(request_ids)))
+    owner = [family for family, size in order for _ in range(size)]
+    misplaced = [pos for pos, family in enumerate(families) if family != owner[pos]]
+    # For each family, the slots of its block that another family's member holds.
+    free: dict[str, list[int]] = {}
+    for pos in misplaced:
+        free.setdefault(owner[pos], []).append(pos)
     swaps: list[tuple[int, int]] = []
-    for pos, wanted in enumerate(target):
-        src = where[wanted]
-        if src == pos:
-            continue
-        displaced = at[pos]
-        swaps.append((pos, src))
-        at[pos], at[src] = wanted, displaced
-        where[wanted], where[displaced] = pos, src
+    for pos in misplaced:
+        while families[pos] != owner[pos]:
+            slots = free[families[pos]]
+            dest = slots.pop()
+            while families[dest] == owner[dest]:  # filled since it was listed
+                dest = slots.pop()
+            swaps.append((pos, dest))
+            families[pos], families[dest] = families[dest], families[pos]
     return swaps
+
+
+def _block_order(families: Sequence[str]) -> list[tuple[str, int]] | None:
+    """(family, size) in the order of each family's longest run of adjacent
+    members (its first such run), or None when every family is one run."""
+    sizes: dict[str, int] = {}
+    longest: dict[str, tuple[int, int]] = {}  # family -> (-length, start)
+    runs = 0
+    start = 0
+    for pos, family in enumerate(families):
+        sizes[family] = sizes.get(family, 0) + 1
+        if pos + 1 == len(families) or families[pos + 1] != family:
+            runs += 1
+            run = (start - pos - 1, start)
+            if run < longest.get(family, (1, 0)):
+                longest[family] = run
+            start = pos + 1
+    if runs == len(sizes):
+        return None
+    return [(family, sizes[family])
+            for family in sorted(sizes, key=lambda family: longest[family][1])]

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import logging
 import os
+from bisect import insort
 from itertools import chain
+from operator import attrgetter
 from typing import Any, Iterable
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -37,7 +39,6 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY, SpecialKwargs
-from vllm_seqhooks.core.batch_order import grouped_order
 from vllm_seqhooks.core.request_tree import ABORTED, FAILED
 from vllm_seqhooks.engine import WORKER_EXTENSION_CLASS_PATH, patches, vllm_private
 from vllm_seqhooks.engine.accounting import Accounting
@@ -76,6 +77,8 @@ class SeqHooksMixin:
     fork_join = ForkJoinState()
     metrics = HookMetrics("-", "-", None, mirror=False)
     _order_output_by_family = False
+    #: V2 runner: ``running`` was left in arrival order (families together).
+    _running_in_arrival_order = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -205,8 +208,12 @@ class SeqHooksMixin:
                 fj.held_this_step.clear()
         if fj.accounting or fj.children:
             self.accounting.count(out)
-        if fj.children and self._order_output_by_family:
-            _order_by_family(out.num_scheduled_tokens)
+        if self._order_output_by_family:
+            # Without children every family is one request: nothing to keep
+            # together, and vLLM's order stays as it is.
+            if fj.children:
+                _keep_families_together(self.running, out, self._running_in_arrival_order)
+            self._running_in_arrival_order = bool(fj.children)
         return out
 
     def _handle_blocked_waiting_request(self, request: Request) -> bool:
@@ -430,15 +437,32 @@ def _model_name(model_config) -> str:
     return str(name or model_config.model)
 
 
-def _order_by_family(num_scheduled_tokens: dict[str, int]) -> None:
-    """Put the step's requests in family order (the same dict, reordered)."""
-    order = grouped_order(list(num_scheduled_tokens))
-    if order is None:
+def _keep_families_together(running: list[Request], out, in_order: bool) -> None:
+    """Keep ``running`` in arrival order, so that each family (a child
+    arrives at its parent's time) is contiguous in it: the V2 model runner
+    batches the requests in the scheduler output's order, which lists
+    running requests in this order (decodes first, stably). ``in_order``:
+    ``running`` was in arrival order after the last step (vLLM only
+    appends to it and removes from it); then only the requests that joined
+    it this step (vLLM appended them) move, each to its family's place, and
+    a step with none costs nothing. Otherwise it is sorted (stable)."""
+    joined = [d.req_id for d in out.scheduled_new_reqs]
+    joined += out.scheduled_cached_reqs.resumed_req_ids
+    if not in_order or len(joined) > len(running):
+        running.sort(key=_ARRIVAL)
         return
-    counts = dict(num_scheduled_tokens)
-    num_scheduled_tokens.clear()
-    for rid in order:
-        num_scheduled_tokens[rid] = counts[rid]
+    if not joined:
+        return
+    tail = running[-len(joined):]
+    if {r.request_id for r in tail} != set(joined):
+        running.sort(key=_ARRIVAL)
+        return
+    del running[-len(joined):]
+    for request in tail:
+        insort(running, request, key=_ARRIVAL)
+
+
+_ARRIVAL = attrgetter("arrival_time")
 
 
 class SeqHooksSyncScheduler(SeqHooksMixin, Scheduler):

@@ -111,6 +111,8 @@ INPUT_BATCH_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("swap_states", ("self", "i1", "i2")),
 )
 INPUT_BATCH_PROPERTIES = ("req_ids", "num_reqs")
+#: ``InputBatch.batch_update_builder``'s record of this step's changes.
+BATCH_CHANGE_LISTS = ("added", "moved")
 
 
 class VllmPrivateAPIError(ImportError):
@@ -231,6 +233,7 @@ def check() -> None:
 def model_runner_problems() -> list[str]:
     """Like :func:`problems`, for the model-runner names (imported only in
     the processes that run a model)."""
+    from vllm.v1.sample.logits_processor.state import BatchUpdateBuilder
     from vllm.v1.worker.gpu_input_batch import InputBatch
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -242,6 +245,17 @@ def model_runner_problems() -> list[str]:
     src = inspect.getsource(GPUModelRunner._update_states)
     if "self._may_reorder_batch(" not in src:
         found.append("GPUModelRunner._update_states no longer calls _may_reorder_batch")
+    # What entered or moved in the batch this step, read before regrouping.
+    for name in BATCH_CHANGE_LISTS:
+        if name not in BatchUpdateBuilder.__annotations__:
+            found.append(f"BatchUpdateBuilder.{name} is missing")
+    if "self.batch_update_builder = BatchUpdateBuilder(" not in inspect.getsource(
+            InputBatch.__init__):
+        found.append("InputBatch no longer keeps a BatchUpdateBuilder")
+    for method, what in (("_register_add_request", ".added.append("),
+                         ("condense", ".moved.append("), ("swap_states", ".moved.append(")):
+        if what not in inspect.getsource(getattr(InputBatch, method)):
+            found.append(f"InputBatch.{method} no longer records {what[1:-8]}")
     return found
 
 
@@ -335,6 +349,7 @@ def v2_model_runner_problems() -> list[str]:
 
 
 _FAMILY_ORDER_MARK = "_seqhooks_family_order"
+_BACKEND_MOVED = "_seqhooks_backend_moved"
 
 
 def install_family_batch_order() -> bool:
@@ -369,11 +384,21 @@ def install_family_batch_order() -> bool:
             hooks = extra.get(ADDITIONAL_CONFIG_KEY) if isinstance(extra, dict) else None
             enabled = bool(hooks) and hooks.get("batch_order", "family") == "family"
             self.__dict__[_FAMILY_ORDER_MARK] = enabled
-        if enabled:
-            batch = self.input_batch
+        if not enabled:
+            return original(self, scheduler_output)
+        batch = self.input_batch
+        changes = batch.batch_update_builder
+        # The batch was grouped at the end of the last step unless a request
+        # entered it, the runner moved one (condense), or the attention
+        # backend's own reordering moved some after ours.
+        if changes.added or changes.moved or self.__dict__.get(_BACKEND_MOVED):
             for i, j in grouping_swaps(batch.req_ids[: batch.num_reqs]):
                 batch.swap_states(i, j)
-        return original(self, scheduler_output)
+        ours = len(changes.moved)
+        try:
+            return original(self, scheduler_output)
+        finally:
+            self.__dict__[_BACKEND_MOVED] = len(changes.moved) > ours
 
     setattr(_may_reorder_batch, _FAMILY_ORDER_MARK, True)
     _may_reorder_batch.__wrapped__ = original  # type: ignore[attr-defined]
