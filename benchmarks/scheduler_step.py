@@ -24,6 +24,10 @@ timed span for every configuration alike. For each number of live requests N:
   timed step spawns, parks, joins and resumes some families. Compared with
   stock per *scheduled request-step* (its µs per step over the requests it
   scheduled), spawns and joins included;
+* ``cycles-v2``: ``cycles`` with the family order Model Runner V2 (the GPU
+  default) gets from the scheduler (its running requests kept in arrival
+  order); ``cycles`` is the V1 runner's case, whose order is kept in the
+  worker (``benchmarks.engine_step`` times that);
 * ``stock-cycles``: the same work as ``cycles`` on vLLM's own scheduler,
   driven by a client loop: a parent request stops after its ``<sync>``, the
   client adds its 4 children, and when they have finished, the parent's
@@ -55,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 CONFIGS = ("stock", "stock-b", "hooks-unused", "hooks-off", "families", "cycles",
-           "stock-cycles")
+           "cycles-v2", "stock-cycles")
 CHILDREN = 4
 PROMPT = 16
 #: Enough tokens that nothing finishes while it is timed.
@@ -73,7 +77,7 @@ def _harness(config: str, live: int):
     from vllm_seqhooks.testing.sched_harness import SchedHarness
 
     model_len = PROMPT + MAX_TOKENS + 64
-    if config.endswith("cycles"):  # a parent's context grows by its merges
+    if "cycles" in config:  # a parent's context grows by its merges
         model_len = PROMPT + STAGGER + ROUNDS * (3 * CHILDREN + 2 + CHILDREN * CYCLE_CHILD_TOKENS) + 64
     blocks_per_request = -(-model_len // 32) + 1
     kwargs: dict[str, Any] = dict(
@@ -88,7 +92,12 @@ def _harness(config: str, live: int):
         kwargs["hooks"] = {"max_children_per_request": CHILDREN * ROUNDS, "fair_share": True,
                            "max_live_children": 1 << 20, "max_descendants": CHILDREN * ROUNDS,
                            "family_token_factor": 64}
-    return SchedHarness(False, **kwargs)
+    h = SchedHarness(False, **kwargs)
+    if config == "cycles-v2":
+        # What the scheduler does for the V2 runner (the only difference it
+        # makes on the scheduler side; the harness's "model" is the same).
+        h.sched._order_output_by_family = True
+    return h
 
 
 def _fork_round(lead: list[int]) -> list[int]:
@@ -114,7 +123,7 @@ def _populate(h, config: str, live: int) -> int:
     from vllm_seqhooks.testing.sched_harness import (
         EOS_ID, PROMISE_END_ID, PROMISE_ID, SYNC_ID, child_id)
 
-    if config == "cycles":
+    if config in ("cycles", "cycles-v2"):
         roots = max(1, live // (CHILDREN + 1))
         for i in range(roots):
             rid = f"c{i}"
@@ -238,7 +247,7 @@ def measure(config: str, live: int, steps: int) -> dict[str, float]:
         client = _ClientLoop(h, live)
     else:
         running = _populate(h, config, live)
-    if config.endswith("cycles"):
+    if "cycles" in config:
         # Every family past its first prefill and into its rounds.
         for _ in range(CYCLE_WARM_STEPS):
             _one_step(h, client)
@@ -256,7 +265,8 @@ def measure(config: str, live: int, steps: int) -> dict[str, float]:
     # collected here, not inside this run's timed steps.
     gc.collect()
     seconds, scheduled, live_sum = 0.0, 0, 0
-    joins_before = h.sched.hook_stats.get("joins", 0) if config == "cycles" else 0
+    hook_cycles = config in ("cycles", "cycles-v2")
+    joins_before = h.sched.hook_stats.get("joins", 0) if hook_cycles else 0
     for _ in range(steps):
         s, n = _one_step(h, client)
         seconds += s
@@ -265,7 +275,7 @@ def measure(config: str, live: int, steps: int) -> dict[str, float]:
     result = {"us_per_step": 1e6 * seconds / steps, "scheduled_per_step": scheduled / steps,
               "us_per_request_step": 1e6 * seconds / max(1, scheduled),
               "live": live_sum / steps}
-    if config == "cycles":
+    if hook_cycles:
         result["joins_per_step"] = (h.sched.hook_stats["joins"] - joins_before) / steps
     return result
 
@@ -343,8 +353,9 @@ def report(results: dict[str, Any], command: str) -> str:
               "it; `cycles`: spawns, parks, joins and resumes included):", "",
               "| live requests | stock µs | stock-b / stock | families / stock | "
               "cycles / stock | stock-cycles / stock | cycles / stock-cycles | "
+              "cycles-v2 / stock-cycles | "
               "cycles: requests scheduled per step | cycles: joins per step |",
-              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for live, point in results["points"].items():
         base = point["stock"]["us_per_request_step"]
         cyc = point["cycles"]
@@ -353,6 +364,7 @@ def report(results: dict[str, Any], command: str) -> str:
             + " | ".join(f"{point[c]['us_per_request_step'] / base:.2f}"
                          for c in ("stock-b", "families", "cycles", "stock-cycles"))
             + f" | {cyc['us_per_request_step'] / point['stock-cycles']['us_per_request_step']:.2f}"
+            + f" | {point['cycles-v2']['us_per_request_step'] / point['stock-cycles']['us_per_request_step']:.2f}"
             + f" | {cyc['scheduled_per_step']:.0f} | {cyc.get('joins_per_step', 0):.1f} |")
     return "\n".join(lines) + "\n"
 

@@ -18,6 +18,7 @@ def test_every_configuration_measured_and_reported():
     assert point["families"]["scheduled_per_step"] == 16
     # The timed steps of `cycles` spawn and join (not only decode).
     assert point["cycles"]["joins_per_step"] > 0
+    assert point["cycles-v2"]["joins_per_step"] > 0
     text = scheduler_step.report(results, "cmd")
     assert "cycles / stock" in text and "stock-cycles" in text
 
