@@ -275,10 +275,11 @@ class Counters:
     peak_parked_blocks: int = 0
     peak_running: int = 0
     preemptions: int = 0
-    #: Seconds inside ``schedule()``, ``update_from_output()`` and the
-    #: client's ``add_request()`` calls (no model; a spawn's ``Request`` is
-    #: built inside ``update_from_output``, a client's before
-    #: ``add_request``), and the requests the steps scheduled.
+    #: Seconds inside ``schedule()``, ``update_from_output()``, and
+    #: EngineCore's building (``preprocess_add_request``: the ``Request``
+    #: and its block hashes) and adding of a client's requests (no model;
+    #: a child is built and added inside the hook scheduler's step), and
+    #: the requests the steps scheduled.
     scheduler_s: float = 0.0
     scheduled_request_steps: int = 0
     #: Seconds in the model runner's batch reorder (``_may_reorder_batch``,
@@ -365,6 +366,7 @@ class EngineProbe:
         sched.schedule = schedule
         sched.update_from_output = update_from_output
         sched.add_request = add_request
+        self._time_request_building(llm)
         if orig_preempt is not None:
             def preempt(*args: Any, **kwargs: Any):
                 self.counters.preemptions += 1
@@ -372,6 +374,25 @@ class EngineProbe:
 
             sched._preempt_request = preempt
         self._time_reorder(llm)
+
+    def _time_request_building(self, llm: Any) -> None:
+        """Time EngineCore's ``preprocess_add_request`` (a client request's
+        ``Request``, its block hashes included), as a child's ``Request`` is
+        built inside the hook scheduler's step: both sides count the
+        engine-side work of making a request."""
+        from vllm_seqhooks.testing.forkjoin import engine_core_of
+
+        core = engine_core_of(llm)
+        orig = core.preprocess_add_request
+
+        def preprocess_add_request(*args: Any, **kwargs: Any):
+            t0 = time.perf_counter()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self.counters.scheduler_s += time.perf_counter() - t0
+
+        core.preprocess_add_request = preprocess_add_request
 
     def _time_reorder(self, llm: Any) -> None:
         """Time the model runner's ``_may_reorder_batch`` (the same wrapper

@@ -14,10 +14,11 @@ each child writes 32 tokens) at b families at once, through:
 * ``loop``: the event-driven client loop over stock ``vllm.LLM``.
 
 Timed on every engine the same way (:class:`benchmarks.common.EngineProbe`):
-seconds inside ``schedule()``, ``update_from_output()`` and the client's
-``add_request()`` (the model and the frontend excluded; a child's
-``Request`` is built inside the hook scheduler's ``update_from_output``, a
-client request's before ``add_request``, outside), and seconds in the model
+seconds inside ``schedule()``, ``update_from_output()`` and EngineCore's
+building and adding of a client's requests (``preprocess_add_request``: the
+``Request`` and its block hashes, which a child gets inside the hook
+scheduler's ``update_from_output``; then ``add_request``); the model and the
+frontend (tokenizing, output processing) excluded; and seconds in the model
 runner's ``_may_reorder_batch``. Reported per engine step and per scheduled
 request-step (the requests a step scheduled, spawns and joins included),
 median over repeats; configurations interleaved, order rotated, after one
