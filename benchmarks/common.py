@@ -325,25 +325,23 @@ class EngineProbe:
         orig_add = sched.add_request
         inside = [False]
 
-        def schedule(*args: Any, **kwargs: Any):
+        def in_scheduler(method, *args: Any, **kwargs: Any):
             t0 = time.perf_counter()
             inside[0] = True
             try:
-                out = orig_schedule(*args, **kwargs)
+                return method(*args, **kwargs)
             finally:
                 inside[0] = False
-            self.counters.scheduler_s += time.perf_counter() - t0
+                self.counters.scheduler_s += time.perf_counter() - t0
+
+        def schedule(*args: Any, **kwargs: Any):
+            t0 = time.perf_counter()
+            out = in_scheduler(orig_schedule, *args, **kwargs)
             self._record(out, t0)
             return out
 
         def update_from_output(*args: Any, **kwargs: Any):
-            t0 = time.perf_counter()
-            inside[0] = True
-            try:
-                res = orig_update(*args, **kwargs)
-            finally:
-                inside[0] = False
-            self.counters.scheduler_s += time.perf_counter() - t0
+            res = in_scheduler(orig_update, *args, **kwargs)
             if self._t0 is not None:
                 if self.log_steps:
                     self.counters.step_log.append(
@@ -382,17 +380,7 @@ class EngineProbe:
         engine-side work of making a request."""
         from vllm_seqhooks.testing.forkjoin import engine_core_of
 
-        core = engine_core_of(llm)
-        orig = core.preprocess_add_request
-
-        def preprocess_add_request(*args: Any, **kwargs: Any):
-            t0 = time.perf_counter()
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                self.counters.scheduler_s += time.perf_counter() - t0
-
-        core.preprocess_add_request = preprocess_add_request
+        self._add_timer(engine_core_of(llm), "preprocess_add_request", "scheduler_s")
 
     def _time_reorder(self, llm: Any) -> None:
         """Time the model runner's ``_may_reorder_batch`` (the same wrapper
@@ -403,18 +391,23 @@ class EngineProbe:
             runner = model_runner_of(llm)
         except (AttributeError, RuntimeError):
             return
-        orig = getattr(runner, "_may_reorder_batch", None)
-        if orig is None:
-            return
+        if hasattr(runner, "_may_reorder_batch"):
+            self._add_timer(runner, "_may_reorder_batch", "reorder_s")
 
-        def may_reorder_batch(*args: Any, **kwargs: Any):
+    def _add_timer(self, obj: Any, method: str, counter: str) -> None:
+        """Wrap ``obj.method`` (on the instance) to add its seconds to the
+        counter named ``counter``."""
+        orig = getattr(obj, method)
+
+        def timed(*args: Any, **kwargs: Any):
             t0 = time.perf_counter()
             try:
                 return orig(*args, **kwargs)
             finally:
-                self.counters.reorder_s += time.perf_counter() - t0
+                c = self.counters
+                setattr(c, counter, getattr(c, counter) + time.perf_counter() - t0)
 
-        runner._may_reorder_batch = may_reorder_batch
+        setattr(obj, method, timed)
 
     def reset(self) -> None:
         self.counters = Counters()
