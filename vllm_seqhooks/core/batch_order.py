@@ -37,15 +37,6 @@ def family_of(request_id: str) -> str:
     return request_id.split(CHILD_ID_MARKER, 1)[0]
 
 
-def family_groups(request_ids: Sequence[str]) -> dict[str, list[int]]:
-    """Indexes of ``request_ids`` by family, families in order of their
-    first member, members in their order."""
-    groups: dict[str, list[int]] = {}
-    for index, rid in enumerate(request_ids):
-        groups.setdefault(family_of(rid), []).append(index)
-    return groups
-
-
 def grouping_swaps(request_ids: Sequence[str]) -> list[tuple[int, int]]:
     """Swaps ``(i, j)``, applied in order, that make every family contiguous.
 

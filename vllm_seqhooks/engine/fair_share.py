@@ -33,16 +33,14 @@ class FairShare:
         children = fj.children
         # Only children are held back or preempted, and only for a request
         # that is not one: without both there is no plan to make.
-        parked = RequestStatus.WAITING_FOR_STREAMING_REQ
-        if all(c.status == parked for c in children.values()):
+        parked_status = RequestStatus.WAITING_FOR_STREAMING_REQ
+        if all(c.status == parked_status for c in children.values()):
             return []
-        if all(req.request_id in children for req in sched.waiting):
+        queued = [req for req in sched.waiting
+                  if req.status != parked_status and req.request_id not in fj.held_this_step]
+        if all(req.request_id in children for req in queued):
             return []
-        waiting = [self._entry(req) for req in sched.waiting
-                   if req.status != RequestStatus.WAITING_FOR_STREAMING_REQ
-                   and req.request_id not in fj.held_this_step]
-        if all(e.is_child for e in waiting):
-            return []
+        waiting = [self._entry(req) for req in queued]
         # Siblings share their parent's blocks: each block counts once per
         # family (parked parents first, whose context their children share).
         seen: dict[str, set[int]] = {}

@@ -50,13 +50,11 @@ class Joins:
                         or o.request_id in parked_now]:
                 rid = out.request_id
                 child = children.get(rid)
-                if child is not None:
-                    if rid not in parked_now:
+                if child is not None or rid in ended:
+                    if child is not None and rid not in parked_now:
                         state = (FINISHED if out.finish_reason in _FINISHED_REASONS
                                  else FAILED)
                         self.child_ended(child, state, out.finish_reason)
-                elif rid in ended:
-                    pass
                 elif rid in parked_now:
                     self._unfinish(out)
                 elif rid in fj.tree:

@@ -252,10 +252,10 @@ def model_runner_problems() -> list[str]:
     if "self.batch_update_builder = BatchUpdateBuilder(" not in inspect.getsource(
             InputBatch.__init__):
         found.append("InputBatch no longer keeps a BatchUpdateBuilder")
-    for method, what in (("_register_add_request", ".added.append("),
-                         ("condense", ".moved.append("), ("swap_states", ".moved.append(")):
-        if what not in inspect.getsource(getattr(InputBatch, method)):
-            found.append(f"InputBatch.{method} no longer records {what[1:-8]}")
+    for method, changes in (("_register_add_request", "added"), ("condense", "moved"),
+                            ("swap_states", "moved")):
+        if f".{changes}.append(" not in inspect.getsource(getattr(InputBatch, method)):
+            found.append(f"InputBatch.{method} no longer records {changes}")
     return found
 
 
