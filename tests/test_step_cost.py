@@ -173,3 +173,34 @@ def test_fair_share_builds_its_plan_only_while_a_request_waits_beside_children()
     h.run(max_steps=200)
     for i in range(6):
         assert any(o.finish_reason is not None for o in h.outputs_for(f"plain{i}"))
+
+
+@pytest.mark.parametrize("child_prompt", [
+    list(range(10, 50)) + [7, 8],  # the parent's 40 tokens, then its own
+    [99] + list(range(11, 50)),  # differs in the first block: nothing shared
+    list(range(10, 18)),  # shorter than the parent's hashed blocks
+])
+def test_shared_block_hashes_equal_vllms_own(child_prompt):
+    """Whatever a child's prompt shares with its parent, its block hashes
+    are the ones vLLM computes for that prompt from scratch; without a
+    hasher (prefix caching off) it has none, as vLLM would give it."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    from vllm_seqhooks.engine.vllm_private import share_block_hashes
+    from vllm_seqhooks.testing.sched_setup import block_hasher
+
+    def request(rid, tokens, hasher):
+        return Request(request_id=rid, prompt_token_ids=list(tokens),
+                       sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
+                       arrival_time=0.0, block_hasher=hasher)
+
+    parent = request("p", range(10, 50), block_hasher(4))
+    assert len(parent.block_hashes) == 10
+    child = request("c", child_prompt, None)
+    share_block_hashes(child, parent, 4)
+    assert child.block_hashes == request("fresh", child_prompt, block_hasher(4)).block_hashes
+    unhashed_parent = request("q", range(10, 50), None)
+    child = request("d", child_prompt, None)
+    share_block_hashes(child, unhashed_parent, 4)
+    assert child.block_hashes == [] and child._block_hasher is None
