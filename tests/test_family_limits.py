@@ -230,17 +230,3 @@ def test_blocks_hold_a_family_back_only_for_a_request_a_share_could_hold():
     assert got.hold == ["bomb-w0"] and got.preempt == ["bomb-c15"]
 
 
-# ------------------------------------------------------------- child queue
-def test_children_wait_family_by_family_ahead_of_new_requests():
-    from vllm_seqhooks.core.child_queue import child_insert_index
-
-    # Queue: children of families arrived at 1.0 and 3.0, then a new request.
-    waiting = [(True, 1.0), (True, 1.0), (True, 3.0), (False, 0.5)]
-    assert child_insert_index(waiting, 1.0) == 2   # after its siblings
-    assert child_insert_index(waiting, 2.0) == 2   # between older and newer families
-    assert child_insert_index(waiting, 3.0) == 3   # after its own siblings
-    assert child_insert_index(waiting, 9.0) == 3   # never behind a request not started
-    assert child_insert_index([], 1.0) == 0
-    assert child_insert_index([(False, 0.0)], 1.0) == 0
-    # A preempted child vLLM put back at the front keeps its place.
-    assert child_insert_index([(True, 5.0), (True, 1.0)], 1.0) == 2

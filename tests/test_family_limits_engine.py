@@ -17,6 +17,7 @@ import pytest
 from vllm.v1.engine import FinishReason
 
 from vllm_seqhooks.core.batch_order import family_of
+from vllm_seqhooks.core.child_queue import ChildrenFirst
 from vllm_seqhooks.core.family_limits import (
     CHILD_TIMEOUT,
     DEADLINE,
@@ -332,6 +333,11 @@ def test_kv_pressure_every_family_finishes_children_wait_family_by_family(async_
                 new_requests.append(k)
         if fresh_children and new_requests:
             assert fresh_children[-1][0] < new_requests[0]
+        queue = h.sched.waiting
+        assert isinstance(queue, ChildrenFirst)
+        if queue._leading is not None:  # the count it places children by
+            assert queue._leading == next(
+                (k for k, r in enumerate(queue) if r.request_id not in children), len(queue))
         families = [f for _, f in fresh_children]
         runs = [f for k, f in enumerate(families) if k == 0 or families[k - 1] != f]
         assert runs == sorted(runs) and len(runs) == len(set(runs)), families

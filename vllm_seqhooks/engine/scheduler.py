@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 from bisect import insort
+from collections import deque
 from itertools import chain
 from operator import attrgetter
 from typing import Any, Iterable
@@ -88,6 +89,10 @@ class SeqHooksMixin:
         #: common step calls it without looking it up).
         self._vllm_update_request = super()._update_request_with_output
         self.fork_join = ForkJoinState()
+        if isinstance(self.waiting, deque) and not self.waiting:  # FCFS policy
+            children = self.fork_join.children
+            self.waiting = vllm_private.children_first_queue(
+                lambda request: request.request_id in children)
         self.metrics = HookMetrics(
             engine=str(vllm_config.parallel_config.data_parallel_index),
             model_name=_model_name(vllm_config.model_config),

@@ -17,7 +17,7 @@ from collections import deque
 from vllm.v1.request import Request
 
 from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
-from vllm_seqhooks.core.child_queue import child_insert_index
+from vllm_seqhooks.core.child_queue import ChildrenFirst
 from vllm_seqhooks.core.family_limits import ENGINE_LIVE, TRANSIENT_REFUSALS
 from vllm_seqhooks.core.join_plan import child_budget, promise_prompt, promise_prompt_len
 from vllm_seqhooks.core.request_tree import FAILED, RUNNING, HookNode, derive_seed
@@ -198,23 +198,17 @@ class Spawning:
         family. With the priority policy the parent's arrival time already
         orders the child so."""
         queue = self.sched.waiting
-        if isinstance(queue, deque) and queue and queue[-1] is child:
+        if isinstance(queue, ChildrenFirst) and queue and queue[-1] is child:
             queue.pop()
-            self._insert_child(queue, child)
+            queue.insert_child(child)
 
     def requeue_child(self, child: Request) -> None:
         """A preempted child (vLLM put it at the front of the queue) waits
         at its family's place too."""
         queue = self.sched.waiting
-        if isinstance(queue, deque) and queue and queue[0] is child:
+        if isinstance(queue, ChildrenFirst) and queue and queue[0] is child:
             queue.popleft()
-            self._insert_child(queue, child)
-
-    def _insert_child(self, queue: deque, child: Request) -> None:
-        children = self.sched.fork_join.children
-        queue.insert(child_insert_index(
-            ((r.request_id in children, r.arrival_time) for r in queue),
-            child.arrival_time), child)
+            queue.insert_child(child)
 
 
 def _child_params(parent: Request, budget: int, key: str):

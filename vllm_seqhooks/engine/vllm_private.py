@@ -172,6 +172,7 @@ def problems() -> list[str]:
     if not hasattr(RequestStatus, "WAITING_FOR_STREAMING_REQ"):
         found.append("RequestStatus.WAITING_FOR_STREAMING_REQ is missing")
     found += _block_hasher_problems()
+    found += _waiting_queue_problems()
     return found
 
 
@@ -212,6 +213,64 @@ def share_block_hashes(child, parent, hash_block_size: int) -> None:
             shared = 0
     child.block_hashes = parent.block_hashes[:shared]
     child.update_block_hashes()
+
+
+#: What vLLM's FCFS waiting queue defines, each through the deque methods
+#: that :class:`~vllm_seqhooks.core.child_queue.ChildrenFirst` counts on.
+FCFS_QUEUE_METHODS = {
+    "add_request": "self.append(",
+    "pop_request": "self.popleft(",
+    "peek_request": "self[0]",
+    "prepend_request": "self.appendleft(",
+    "prepend_requests": "self.extendleft(",
+    "remove_request": "self.remove(",
+    "remove_requests": "self.extend(",
+    "__bool__": "len(self)",
+    "__len__": "__len__()",
+    "__iter__": "__iter__()",
+}
+
+
+def _waiting_queue_problems() -> list[str]:
+    from collections import deque
+
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    found = []
+    if not issubclass(FCFSRequestQueue, deque):
+        found.append("FCFSRequestQueue is no longer a deque")
+    own = {name for name, value in vars(FCFSRequestQueue).items()
+           if callable(value) and name not in ("__init__", "__class_getitem__")}
+    if own - FCFS_QUEUE_METHODS.keys():
+        found.append(f"FCFSRequestQueue has new methods {sorted(own - FCFS_QUEUE_METHODS.keys())}")
+    for name, uses in FCFS_QUEUE_METHODS.items():
+        fn = vars(FCFSRequestQueue).get(name)
+        if fn is None or uses not in inspect.getsource(fn):
+            found.append(f"FCFSRequestQueue.{name} no longer uses {uses!r}")
+    if "self.waiting = create_request_queue(" not in inspect.getsource(Scheduler.__init__):
+        found.append("Scheduler.__init__ no longer creates its waiting queue")
+    return found
+
+
+def children_first_queue(is_child):
+    """An empty FCFS waiting queue that is also a
+    :class:`~vllm_seqhooks.core.child_queue.ChildrenFirst`: vLLM uses it
+    as its own (every method of its FCFS queue works through the deque
+    methods ChildrenFirst counts), and children find their place in it
+    by binary search."""
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+
+    from vllm_seqhooks.core.child_queue import ChildrenFirst
+
+    global _ChildrenFirstQueue
+    if _ChildrenFirstQueue is None:
+        _ChildrenFirstQueue = type("ChildrenFirstRequestQueue",
+                                   (ChildrenFirst, FCFSRequestQueue), {"__module__": __name__})
+    return _ChildrenFirstQueue(is_child=is_child)
+
+
+_ChildrenFirstQueue = None
 
 
 _checked = False
