@@ -1,5 +1,5 @@
 """The private vLLM API the engine package relies on
-(``vllm_seqhooks/engine/vllm_private.py``): present with the expected
+(``vllm_seqhooks/engine/vllm_private/``): present with the expected
 signatures on the pinned vLLM, and reported, naming what changed, when it
 changes."""
 
@@ -16,6 +16,8 @@ def test_pinned_private_vllm_api_is_present():
     assert vllm_private.problems() == []
     assert vllm_private.model_runner_problems() == []
     assert vllm_private.v2_model_runner_problems() == []
+    assert vllm_private.splice_problems() == []
+    assert vllm_private.v2_splice_problems() == []
 
 
 def test_a_changed_private_api_is_reported(monkeypatch):
@@ -29,6 +31,8 @@ def test_a_changed_private_api_is_reported(monkeypatch):
     from vllm.v1.worker.gpu import model_runner as v2
 
     monkeypatch.setattr(v2, "sort_batch_req_ids", lambda reqs, drafts: list(reqs))
+    monkeypatch.setattr(v2.GPUModelRunner, "prepare_attn", lambda self, batch, extra: None)
+    assert any("prepare_attn" in p for p in vllm_private.v2_splice_problems())
     assert any("sort_batch_req_ids" in p for p in vllm_private.v2_model_runner_problems())
     assert any("_free_request" in p for p in vllm_private.problems())
     assert any("swap_states" in p for p in vllm_private.model_runner_problems())

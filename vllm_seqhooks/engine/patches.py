@@ -1,7 +1,7 @@
 """Every patch this package makes to vLLM's classes, and the one place that
 installs them.
 
-vLLM has no extension point for these three; each wraps one function, is
+vLLM has no extension point for these; each wraps one function, is
 installed at most once per process, leaves engines without hooks untouched,
 and fails loudly (or, where stock engines share the process, logs) when the
 pinned vLLM lacks what it wraps (:mod:`.vllm_private` checks the names).
@@ -29,6 +29,15 @@ patch                  what, why, when installed, when it can go
                        replaced the worker extension. The V2 runner needs no
                        patch (the scheduler orders its output). Can go with
                        the V1 runner.
+``splice_inputs``      ``GPUModelRunner._prepare_inputs`` (V1) and
+                       ``prepare_inputs`` / ``prepare_attn`` (V2): the KV
+                       copies and position shifts a step's scheduler output
+                       carries for splice joins
+                       (:mod:`vllm_seqhooks.core.splice_inputs`), applied
+                       before the forward pass and after the slot mapping.
+                       Installed with the family batch order. Nothing to do
+                       in a step without any. Can go when vLLM lets a
+                       scheduler give requests position offsets and copy KV.
 =====================  ==========================================================
 """
 
@@ -62,11 +71,13 @@ def install_frontend_patches() -> None:
 
 
 def install_worker_patches() -> bool:
-    """What a process running a model needs: the family batch order.
-    False (logged) when the installed vLLM lacks what it wraps."""
+    """What a process running a model needs: the family batch order and
+    the splice inputs. False (logged) when the installed vLLM lacks what
+    one of them wraps."""
     from vllm_seqhooks.engine import vllm_private
 
-    return vllm_private.install_family_batch_order()
+    ordered = vllm_private.install_family_batch_order()
+    return vllm_private.install_splice_inputs() and ordered
 
 
 def _install_request_validation_logged() -> None:

@@ -34,8 +34,9 @@ def load(model_dir: str):
     return model.eval()
 
 
-def next_token(model, ids: Sequence[int], layout: Layout) -> int:
-    """The greedy next token after ``ids`` laid out as ``layout``."""
+def next_token(model, ids: Sequence[int], layout: Layout, first_position: int = 0) -> int:
+    """The greedy next token after ``ids`` laid out as ``layout`` (its
+    first token at ``first_position``)."""
     import torch
 
     if token_count(layout) != len(ids):
@@ -47,19 +48,19 @@ def next_token(model, ids: Sequence[int], layout: Layout) -> int:
         logits = model(
             input_ids=torch.tensor([list(ids)]),
             attention_mask=mask[None, None],
-            position_ids=torch.tensor([positions(layout)]),
+            position_ids=torch.tensor([positions(layout, first_position)]),
         ).logits
     return int(logits[0, -1].argmax())
 
 
 def greedy_after_join(model, ids: Sequence[int], layout: Layout, max_new: int,
-                      stop: Sequence[int] = ()) -> list[int]:
+                      stop: Sequence[int] = (), first_position: int = 0) -> list[int]:
     """``max_new`` greedy tokens (fewer when one in ``stop`` comes, kept)
     continuing ``ids`` laid out as ``layout``: each extends its last run."""
     ids, out = list(ids), []
     layout = tuple(layout) if layout and isinstance(layout[-1], int) else (*layout, 0)
     while len(out) < max_new:
-        token = next_token(model, ids, layout)
+        token = next_token(model, ids, layout, first_position)
         out.append(token)
         if token in stop:
             break
@@ -68,7 +69,26 @@ def greedy_after_join(model, ids: Sequence[int], layout: Layout, max_new: int,
     return out
 
 
-def greedy_causal(model, ids: Sequence[int], max_new: int, stop: Sequence[int] = ()) -> list[int]:
-    """The same with plain causal attention and positions 0, 1, 2, ...
-    (what a re-prefill join computes)."""
-    return greedy_after_join(model, ids, (len(ids),), max_new, stop)
+def greedy_causal(model, ids: Sequence[int], max_new: int, stop: Sequence[int] = (),
+                  first_position: int = 0) -> list[int]:
+    """The same with plain causal attention and consecutive positions
+    from ``first_position`` (what a re-prefill join computes)."""
+    return greedy_after_join(model, ids, (len(ids),), max_new, stop, first_position)
+
+
+def greedy_shifted(model, prompt: Sequence[int], max_new: int, shift: int) -> list[int]:
+    """Greedy generation with causal attention, the prompt at positions
+    0, 1, 2, ... and each token after it at its index plus ``shift`` (as
+    a parent's tokens after a splice join: its positions run behind its
+    indices)."""
+    import torch
+
+    ids, out = list(prompt), []
+    while len(out) < max_new:
+        pos = [*range(len(prompt)), *(i + shift for i in range(len(prompt), len(ids)))]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids]),
+                           position_ids=torch.tensor([pos])).logits
+        out.append(int(logits[0, -1].argmax()))
+        ids.append(out[-1])
+    return out

@@ -1,0 +1,78 @@
+"""The private vLLM API vllm-seqhooks relies on, in one place.
+
+vLLM's scheduler and model-runner internals are not a public interface.
+The engine package uses the names this package lists; :func:`check`
+verifies, at import time, that the installed vLLM is the pinned release and
+still has each of them with the expected signature, so that a vLLM upgrade
+fails loudly at start-up (and in ``tests/test_vllm_private.py``) instead of
+misbehaving at run time. The patches that wrap private methods are
+implemented here too; they are listed, and installed, by
+:mod:`vllm_seqhooks.engine.patches`. One module per side of vLLM:
+:mod:`.scheduler`, :mod:`.runner` (the model runners, in worker processes)
+and :mod:`.frontend`.
+"""
+
+from __future__ import annotations
+
+from vllm_seqhooks.engine.vllm_private.common import (
+    PINNED_VLLM_VERSION,
+    VllmPrivateAPIError,
+)
+from vllm_seqhooks.engine.vllm_private.frontend import (
+    input_processor_problems,
+    install_request_validator,
+)
+from vllm_seqhooks.engine.vllm_private.runner import (
+    SPLICE_INPUTS_ATTR,
+    copy_kv_slots,
+    install_family_batch_order,
+    install_splice_inputs,
+    model_runner_problems,
+    splice_problems,
+    v2_model_runner_problems,
+    v2_splice_problems,
+)
+from vllm_seqhooks.engine.vllm_private.scheduler import (
+    children_first_queue,
+    scheduler_problems,
+    share_block_hashes,
+)
+
+__all__ = [
+    "PINNED_VLLM_VERSION", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "check",
+    "children_first_queue", "copy_kv_slots", "input_processor_problems",
+    "install_family_batch_order", "install_request_validator", "install_splice_inputs",
+    "model_runner_problems", "problems", "scheduler_problems", "share_block_hashes",
+    "splice_problems", "v2_model_runner_problems", "v2_splice_problems",
+]
+
+
+def problems() -> list[str]:
+    """Everything the scheduler's process uses that differs from the pinned
+    vLLM (empty when all is well)."""
+    import vllm
+
+    found: list[str] = []
+    version = getattr(vllm, "__version__", "?")
+    if version.split("+")[0] != PINNED_VLLM_VERSION:
+        found.append(
+            f"vLLM {version} is installed; vllm-seqhooks is pinned to "
+            f"{PINNED_VLLM_VERSION}"
+        )
+    return found + scheduler_problems()
+
+
+_checked = False
+
+
+def check() -> None:
+    """Raise :class:`VllmPrivateAPIError` listing every mismatch."""
+    global _checked
+    if _checked:
+        return
+    found = problems()
+    if found:
+        raise VllmPrivateAPIError(
+            "vllm_seqhooks cannot run on this vLLM:\n  - " + "\n  - ".join(found)
+        )
+    _checked = True

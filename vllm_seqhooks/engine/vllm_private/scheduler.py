@@ -1,0 +1,227 @@
+"""The scheduler's side: the private names of vLLM's scheduler, requests
+and waiting queue that the engine package uses, and what it builds on them
+(a child's block hashes, the children-first waiting queue)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+from vllm_seqhooks.engine.vllm_private.common import method_problems
+
+
+SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("_update_request_with_output", ("self", "request", "new_token_ids", "is_stale")),
+    ("_handle_stopped_request", ("self", "request")),
+    ("_update_request_as_session", ("self", "session", "update")),
+    ("_free_request_blocks", ("self", "request")),
+    ("_free_request", ("self", "request", "delay_free_blocks")),
+    ("_preempt_request", ("self", "request", "timestamp", "drop_stale_output")),
+    ("_handle_blocked_waiting_request", ("self", "request")),
+    ("finish_requests", ("self", "request_ids", "finished_status")),
+    ("add_request", ("self", "request")),
+    ("update_from_output", ("self", "scheduler_output", "model_runner_output")),
+    ("schedule", ("self", "throttle_prefills")),
+    ("update_draft_token_ids", ("self", "draft_token_ids")),
+)
+
+#: Attributes set in Scheduler.__init__ that scheduler.py reads or writes.
+SCHEDULER_ATTRIBUTES = (
+    "requests",
+    "running",
+    "waiting",
+    "kv_holding_waiting",
+    "deferred_waiting",
+    "num_waiting_for_streaming_input",
+    "finished_req_ids",
+    "kv_cache_manager",
+    "max_model_len",
+    "block_size",
+    "max_num_running_reqs",
+    "use_v2_model_runner",
+    "vllm_config",
+    "hash_block_size",
+)
+
+#: Request internals (attributes of a constructed Request).
+REQUEST_ATTRIBUTES = (
+    "_output_token_ids",
+    "_all_token_ids",
+    "_block_hasher",
+    "resumable",
+    "streaming_queue",
+    "num_computed_tokens",
+    "num_prompt_tokens",
+    "prompt_token_ids",
+    "max_tokens",
+    "stop_reason",
+    "is_prefill_chunk",
+    "num_output_placeholders",
+    "spec_token_ids",
+    "block_hashes",
+    "mm_features",
+    "prompt_embeds",
+)
+
+REQUEST_INIT_PARAMS = (
+    "request_id",
+    "prompt_token_ids",
+    "sampling_params",
+    "pooling_params",
+    "client_index",
+    "arrival_time",
+    "lora_request",
+    "cache_salt",
+    "priority",
+    "trace_headers",
+    "block_hasher",
+)
+
+STREAMING_UPDATE_FIELDS = (
+    "mm_features",
+    "prompt_token_ids",
+    "max_tokens",
+    "arrival_time",
+    "sampling_params",
+)
+
+ENGINE_CORE_OUTPUT_FIELDS = (
+    "request_id",
+    "new_token_ids",
+    "finish_reason",
+    "stop_reason",
+    "kv_transfer_params",
+)
+
+
+def scheduler_problems() -> list[str]:
+    """What differs from the pinned vLLM in what the scheduler uses."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine import EngineCoreOutput
+    from vllm.v1.request import Request, RequestStatus, StreamingUpdate
+
+    found = method_problems(Scheduler, SCHEDULER_METHODS)
+    if not issubclass(AsyncScheduler, Scheduler):
+        found.append("AsyncScheduler is no longer a Scheduler subclass")
+    init_src = inspect.getsource(Scheduler.__init__)
+    for attr in SCHEDULER_ATTRIBUTES:
+        if f"self.{attr}" not in init_src and not hasattr(Scheduler, attr):
+            found.append(f"Scheduler.{attr} is no longer set in __init__")
+    req_params = inspect.signature(Request.__init__).parameters
+    for p in REQUEST_INIT_PARAMS:
+        if p not in req_params:
+            found.append(f"Request.__init__ lost parameter {p!r}")
+    req_src = inspect.getsource(Request.__init__)
+    for attr in REQUEST_ATTRIBUTES:
+        if f"self.{attr}" not in req_src and not hasattr(Request, attr):
+            found.append(f"Request.{attr} is no longer set")
+    fields = tuple(f.name for f in dataclasses.fields(StreamingUpdate))
+    if fields != STREAMING_UPDATE_FIELDS:
+        found.append(f"StreamingUpdate fields {fields} != {STREAMING_UPDATE_FIELDS}")
+    eco_fields = set(EngineCoreOutput.__struct_fields__)
+    for f in ENGINE_CORE_OUTPUT_FIELDS:
+        if f not in eco_fields:
+            found.append(f"EngineCoreOutput lost field {f!r}")
+    if not hasattr(RequestStatus, "WAITING_FOR_STREAMING_REQ"):
+        found.append("RequestStatus.WAITING_FOR_STREAMING_REQ is missing")
+    found += _block_hasher_problems()
+    found += _waiting_queue_problems()
+    return found
+
+
+def _block_hasher_problems() -> list[str]:
+    """What :func:`share_block_hashes` relies on: the engine's block hasher
+    hashes from the request's first block without a hash, chaining on the
+    last one it has; ``Request.update_block_hashes`` runs it."""
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    src = inspect.getsource(get_request_block_hasher)
+    found = []
+    if ("len(request.block_hashes) * hash_block_size" not in src
+            or "request.block_hashes[-1]" not in src):
+        found.append("get_request_block_hasher no longer continues from the "
+                     "request's existing block hashes")
+    if "update_block_hashes" not in vars(Request):
+        found.append("Request.update_block_hashes is missing")
+    return found
+
+
+def share_block_hashes(child, parent, hash_block_size: int) -> None:
+    """Give ``child`` (built with ``block_hasher=None``) its parent's block
+    hasher and the block hashes of the whole blocks its prompt shares with
+    the parent's tokens, then hash only the rest, as vLLM would have
+    hashed the whole prompt (the same tokens, LoRA and cache salt give the
+    same chained hashes). A parent with multimodal features or prompt
+    embeddings (extra hash keys the child does not have) shares none."""
+    hasher = parent._block_hasher
+    if hasher is None:
+        return
+    child._block_hasher = hasher
+    shared = 0
+    if not parent.mm_features and parent.prompt_embeds is None:
+        shared = min(len(parent.block_hashes), len(child.prompt_token_ids) // hash_block_size)
+        end = shared * hash_block_size
+        if shared and parent._all_token_ids[:end] != child.prompt_token_ids[:end]:
+            shared = 0
+    child.block_hashes = parent.block_hashes[:shared]
+    child.update_block_hashes()
+
+
+#: What vLLM's FCFS waiting queue defines, each through the deque methods
+#: that :class:`~vllm_seqhooks.core.child_queue.ChildrenFirst` counts on.
+FCFS_QUEUE_METHODS = {
+    "add_request": "self.append(",
+    "pop_request": "self.popleft(",
+    "peek_request": "self[0]",
+    "prepend_request": "self.appendleft(",
+    "prepend_requests": "self.extendleft(",
+    "remove_request": "self.remove(",
+    "remove_requests": "self.extend(",
+    "__bool__": "len(self)",
+    "__len__": "__len__()",
+    "__iter__": "__iter__()",
+}
+
+
+def _waiting_queue_problems() -> list[str]:
+    from collections import deque
+
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    found = []
+    if not issubclass(FCFSRequestQueue, deque):
+        found.append("FCFSRequestQueue is no longer a deque")
+    own = {name for name, value in vars(FCFSRequestQueue).items()
+           if callable(value) and name not in ("__init__", "__class_getitem__")}
+    if own - FCFS_QUEUE_METHODS.keys():
+        found.append(f"FCFSRequestQueue has new methods {sorted(own - FCFS_QUEUE_METHODS.keys())}")
+    for name, uses in FCFS_QUEUE_METHODS.items():
+        fn = vars(FCFSRequestQueue).get(name)
+        if fn is None or uses not in inspect.getsource(fn):
+            found.append(f"FCFSRequestQueue.{name} no longer uses {uses!r}")
+    if "self.waiting = create_request_queue(" not in inspect.getsource(Scheduler.__init__):
+        found.append("Scheduler.__init__ no longer creates its waiting queue")
+    return found
+
+
+def children_first_queue(is_child):
+    """An empty FCFS waiting queue that is also a
+    :class:`~vllm_seqhooks.core.child_queue.ChildrenFirst`: vLLM uses it
+    as its own (every method of its FCFS queue works through the deque
+    methods ChildrenFirst counts), and children find their place in it
+    by binary search."""
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+
+    from vllm_seqhooks.core.child_queue import ChildrenFirst
+
+    global _ChildrenFirstQueue
+    if _ChildrenFirstQueue is None:
+        _ChildrenFirstQueue = type("ChildrenFirstRequestQueue",
+                                   (ChildrenFirst, FCFSRequestQueue), {"__module__": __name__})
+    return _ChildrenFirstQueue(is_child=is_child)
+
+
+_ChildrenFirstQueue = None
