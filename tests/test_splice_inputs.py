@@ -15,21 +15,31 @@ from vllm_seqhooks.testing import splice_oracle
 from vllm_seqhooks.testing.engine_modes import MODES, run_in_mode
 
 
-def test_copy_kv_slots_moves_each_slot_in_every_layer():
+def test_copy_kv_slots_moves_each_token_where_the_backend_keeps_it():
+    """A layout like the CPU backend's: a block holds its tokens' keys, then
+    their values (token t: rows t and n + t of a [2n, d] view per head)."""
     import torch
 
     from vllm_seqhooks.engine.vllm_private import copy_kv_slots
 
-    caches = [torch.randn(6, 2, 4, 3) for _ in range(2)]  # kernel blocks of 4 tokens
+    blocks, heads, n, d = 6, 2, 4, 3
+    elements = torch.tensor([[(h, r // 2, (r % 2) * d + c) for h in range(heads)
+                              for r in (t, n + t) for c in range(d)] for t in range(n)])
+    caches = [torch.randn(blocks, heads, n, 2 * d) for _ in range(2)]
     before = [c.clone() for c in caches]
+
+    def token(cache, slot):
+        e = elements[slot % n]
+        return cache[slot // n, e[:, 0], e[:, 1], e[:, 2]]
+
     src, dst = [1, 2, 13, 5], [20, 21, 2, 9]  # slot 2 is copied from, then to
-    copy_kv_slots(caches, src, dst)
+    copy_kv_slots([(c, elements) for c in caches], src, dst)
     for c, b in zip(caches, before):
-        flat, old = c.permute(0, 2, 1, 3).reshape(24, 2, 3), b.permute(0, 2, 1, 3).reshape(24, 2, 3)
-        for s, d in zip(src, dst):
-            assert torch.equal(flat[d], old[s])  # every copy read the slots as they were
-        others = [i for i in range(24) if i not in dst]
-        assert torch.equal(flat[others], old[others])
+        for s, t in zip(src, dst):
+            assert torch.equal(token(c, t), token(b, s))  # read before any write
+        for slot in range(blocks * n):
+            if slot not in dst:
+                assert torch.equal(token(c, slot), token(b, slot))
 
 
 def test_splice_inputs_pair_their_copies():

@@ -24,6 +24,7 @@ ADDITIONAL_CONFIG_KEY = "seqhooks"
 CHILD_CONTEXTS = ("fork", "payload")
 MERGE_STRATEGIES = ("concatenate", "none")
 BATCH_ORDERS = ("family", "arrival")
+JOIN_MODES = ("reprefill", "splice")
 PAYLOAD_PLACEHOLDER = "{payload}"
 HOOK_TOKENS = ("sync", "promise", "promise_end")
 
@@ -37,6 +38,7 @@ FIELD_CHECKS: dict[str, check.Check] = {
     "child_prompt_template": check.text(optional=True),
     "merge_strategy": check.choice(MERGE_STRATEGIES),
     "batch_order": check.choice(BATCH_ORDERS),
+    "join": check.choice(JOIN_MODES),
     "merge_separator": check.text(),
     "failed_child_marker": check.text(optional=True),
     "max_child_depth": check.integer(0),
@@ -102,6 +104,10 @@ class SpecialKwargs:
     fork_min_tokens: int | None = None
     boundary_tokenization: str = "text"
     unclosed_child_stop_text: str | None = None
+    #: How a tag format's parent joins: "reprefill" (it prefills the merged
+    #: text as one causal sequence) or "splice" (it takes its children's KV,
+    #: paths side by side at shared positions; docs/formats/splice.md).
+    join: str = "reprefill"
     # Filled in by resolve(); part of the JSON form so that the engine does not
     # need to tokenize again.
     merge_separator_token_ids: tuple[int, ...] | None = field(default=None)
@@ -120,6 +126,10 @@ class SpecialKwargs:
     def _check_combinations(self) -> None:
         if self.fork_tag is not None:
             self._check_tag_format()
+        elif self.join != "reprefill":
+            raise SpecialKwargsError(
+                f"join={self.join!r} needs a tag format (fork_tag): the promise protocol "
+                "joins by re-prefill")
         else:
             for name in ("sync", "promise"):
                 if getattr(self, f"{name}_token_id") is None and getattr(
@@ -160,6 +170,26 @@ class SpecialKwargs:
             self.tag_format
         except TagFormatError as exc:
             raise SpecialKwargsError(str(exc)) from None
+        if self.join == "splice":
+            self._check_splice()
+
+    def _check_splice(self) -> None:
+        """A splice join takes each path's KV as its child computed it: the
+        engine may not add text inside a path, and a child's prompt must be
+        its parent's tokens as they are."""
+        fmt = self.tag_format
+        if fmt.eos_text:
+            raise SpecialKwargsError(
+                f"join='splice' needs child_eos_text='' (got {fmt.eos_text!r}): text the "
+                "engine adds to a path that ended without its end tag would have to be "
+                "computed inside the path")
+        if fmt.boundary_tokenization != "ids":
+            raise SpecialKwargsError(
+                "join='splice' needs boundary_tokenization='ids': a child's prompt must "
+                "start with its parent's tokens as they are")
+        if fmt.unclosed_child_stop_text is not None:
+            raise SpecialKwargsError(
+                "join='splice' cannot end a parent with unclosed_child_stop_text")
 
     @functools.cached_property
     def tag_format(self):

@@ -45,6 +45,9 @@ class JoinRecord:
     prefilled_tokens: int | None = None
     reused_tokens: int | None = None
     truncated: bool = False
+    #: "reprefill" or "splice"; why a splice join fell back to re-prefill.
+    mode: str = "reprefill"
+    fallback: str | None = None
 
 
 @dataclass

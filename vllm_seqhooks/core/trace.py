@@ -58,6 +58,8 @@ def build_trace(
                 "prefilled_tokens": j.prefilled_tokens,
                 "reused_tokens": j.reused_tokens,
                 "truncated": j.truncated,
+                "mode": j.mode,
+                **({"fallback": j.fallback} if j.fallback else {}),
             }
             for j in node.joins
         ]

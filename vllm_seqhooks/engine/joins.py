@@ -235,6 +235,18 @@ class Joins:
         suffix_text = hooks.merge_suffix if stop_text is None else stop_text
         if not merges:  # the parent only waited
             pieces, suffix_text = [], ""
+        splicing = sched.splicing
+        if splicing.enabled and pieces:
+            record = node.joins[-1]
+            if all(p.tokens is not None for p in pieces):
+                merged = splicing.merge(st, fork.pos, children, codec.encode(suffix_text))
+                if merged is not None:
+                    record.mode = "splice"
+                    return fork.pos, merged, children
+                record.fallback = splicing.last_fallback
+            else:
+                splicing.give_back(children)
+                record.fallback = "a child failed"
         merged = join_tokens(codec, hooks.tag_format, context, fork.tag_start, pieces,
                              st.separator, suffix_text, hooks.failed_child_marker_token_ids or ())
         return fork.pos, merged, children
@@ -249,7 +261,8 @@ class Joins:
         fj = sched.fork_join
         req = st.request
         rid = req.request_id
-        if st.spilled_frontier is None and (
+        spliced = sched.splicing.computed_after(rid)
+        if spliced is None and st.spilled_frontier is None and (
                 req.num_computed_tokens > keep
                 or self._first_child_covers_merge(st, keep, merged, children)):
             # Resume through the prefix cache: on the first child's KV
@@ -270,6 +283,8 @@ class Joins:
         )
         sampled = st.sampled
         sched._update_request_as_session(req, update)  # (a new segment)
+        if spliced is not None:  # the fork tag and the paths: copied KV
+            req.num_computed_tokens = spliced
         st.sampled_before = sampled
         if st.spilled_frontier is not None:
             # Re-admit through the prefix cache: recompute what was evicted.

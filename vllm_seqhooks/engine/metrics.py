@@ -50,6 +50,10 @@ COUNTERS = {
     "family_deadlines": "Families cut because they outlived the family timeout.",
     "fair_share_preemptions": "Children preempted to give a waiting request its fair share of running slots.",
     "children_deferred": "Children of tag-format forks that waited for the live-children limits before starting.",
+    "splice_joins": "Joins that took the children's KV (join='splice') instead of prefilling their outputs.",
+    "spliced_tokens": "Tokens whose KV parents took from their children at splice joins.",
+    "splice_fallbacks": "Splice joins done by re-prefill because a path's KV was not all there.",
+    "splice_recomputes": "Requests with spliced KV that vLLM preempted: recomputed as one causal sequence.",
 }
 #: outcome label values of vllm:seqhooks_children_ended_total
 OUTCOMES = ("finished", "failed", "aborted")

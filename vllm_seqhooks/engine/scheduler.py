@@ -54,6 +54,7 @@ from vllm_seqhooks.engine.metrics import HookMetrics
 from vllm_seqhooks.engine.parking import Parking
 from vllm_seqhooks.engine.spawning import Spawning
 from vllm_seqhooks.engine.speculative import Speculative, count_as_rejected
+from vllm_seqhooks.engine.splicing import Splicing
 from vllm_seqhooks.engine.state import ForkJoinState, HookState
 from vllm_seqhooks.formats.events import (
     EndTagReached,
@@ -107,6 +108,7 @@ class SeqHooksMixin:
         self.kv_pressure = KVPressure(self)
         self.fair_share = FairShare(self)
         self.accounting = Accounting(self)
+        self.splicing = Splicing(self)
         if self.hooks.tag_format is not None:
             self.admission.text_codec().table  # at start-up, not at the first request
         batch_by_family = self.hooks.batch_order == "family"
@@ -183,6 +185,10 @@ class SeqHooksMixin:
             fj.drop_state(rid)
             if rid not in fj.tree:
                 fj.drop_family(rid)
+        if self.splicing.enabled:
+            self.splicing.forget(rid)
+            if self.splicing.hold(request):  # its parent takes its blocks
+                return super()._free_request(request, delay_free_blocks=True)
         return super()._free_request(request, *args, **kwargs)
 
     # ---------------------------------------------------------- scheduling
@@ -211,6 +217,8 @@ class SeqHooksMixin:
                 self.num_waiting_for_streaming_input += parked
             if fj.held_this_step:
                 fj.held_this_step.clear()
+        if self.splicing.shifts or self.splicing.pending:
+            self.splicing.attach(out)
         if fj.accounting or fj.children:
             self.accounting.count(out)
         if self._order_output_by_family:
@@ -228,6 +236,10 @@ class SeqHooksMixin:
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any):
         self.metrics.inc("preemptions", 1)
+        if request.request_id in self.splicing.shifts:
+            # Recomputed from its tokens with causal attention: its paths no
+            # longer isolated (its uniform shift changes nothing).
+            self.metrics.inc("splice_recomputes", 1)
         out = super()._preempt_request(request, *args, **kwargs)
         if request.request_id in self.fork_join.children:
             self.spawning.requeue_child(request)
@@ -255,6 +267,12 @@ class SeqHooksMixin:
                         is_stale: bool) -> tuple[list[int], bool]:
         """A step with hook work: cut, append (vLLM), charge, scan, apply."""
         request = st.request
+        if st.draining:  # its end tag's KV is computed now: it ends there
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = self.hooks.child_end_tag
+            st.ended_by_tag = True
+            self._finish_or_park(st)
+            return [], True
         # 1. Cut what the request may not keep: tokens after a tag that
         #    stops it (speculative decoding), tokens past its family's budget.
         if st.scanner is not None and len(new_token_ids) > 1:
@@ -313,6 +331,11 @@ class SeqHooksMixin:
                 self.spawning.ignore_promise(st, ev.pos, ev.reason)
             elif isinstance(ev, ForkReached):
                 self.spawning.fork(st, ev)
+            elif isinstance(ev, EndTagReached) and not stopped and self.splicing.drains(
+                    request.request_id):
+                st.draining = True  # one more step computes the tag's KV
+                self.fork_join.set_quiet(st, None)
+                return False, False
             elif isinstance(ev, EndTagReached) and not stopped:
                 # A child's end tag (the step's last token, see speculative):
                 # it finishes here, the tag kept in its output.
@@ -415,7 +438,7 @@ class SeqHooksMixin:
 
     def hook_state_sizes(self) -> dict[str, int]:
         """Sizes of the scheduler's fork/join state (for leak checks)."""
-        return self.fork_join.sizes(requests=len(self.requests))
+        return {**self.fork_join.sizes(requests=len(self.requests)), **self.splicing.sizes()}
 
 
 def _hooks_of(vllm_config) -> SpecialKwargs:

@@ -184,6 +184,7 @@ class Spawning:
         )
         vllm_private.share_block_hashes(child, parent, sched.hash_block_size)
         fj.children[child_id] = child
+        sched.splicing.inherit(parent.request_id, child_id)
         sched.add_request(child)
         sched.family_limits.child_spawned(st.family, child_id)
         self._queue_first(child)

@@ -53,6 +53,9 @@ class HookState:
     charged_upto: int = 0
     #: A child of a tag format that stopped at its end tag.
     ended_by_tag: bool = False
+    #: A splice join's child that wrote its end tag: it computes the tag's
+    #: KV in one more step, whose sampled token is dropped.
+    draining: bool = False
     #: The fork a tag format's request is parked at: its tag's last token
     #: is held back from the client and replaced at the join
     #: (:mod:`vllm_seqhooks.formats.boundaries`).
@@ -153,7 +156,7 @@ class ForkJoinState:
         children (its stop parks it); then it watches what its scanner
         watches (nothing without a scanner). A descendant whose charges are
         deferred is not charged as it samples."""
-        if (st.charged_per_step or st.accounting is not None
+        if (st.charged_per_step or st.accounting is not None or st.draining
                 or (st.family is not None and st.family.exhausted_by is not None)
                 or self.tree.has_open_children(st.request.request_id)):
             self.set_quiet(st, None)

@@ -61,7 +61,7 @@ def shifted_generation(model: str, prompts: list[list[int]], max_tokens: int,
     import vllm
 
     from vllm_seqhooks.engine import WORKER_EXTENSION_CLASS_PATH
-    from vllm_seqhooks.engine.vllm_private import copy_kv_slots
+    from vllm_seqhooks.engine.vllm_private import copy_kv_slots, runner_kv_caches
     from vllm_seqhooks.testing.forkjoin import model_runner_of
     from vllm_seqhooks.testing.tiny_model import TINY_ENGINE_KWARGS
 
@@ -69,18 +69,24 @@ def shifted_generation(model: str, prompts: list[list[int]], max_tokens: int,
                    worker_extension_cls=WORKER_EXTENSION_CLASS_PATH, **TINY_ENGINE_KWARGS)
     params = vllm.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    caches = model_runner_of(llm).kv_caches
+    layers = runner_kv_caches(model_runner_of(llm))
+    caches = [c for c, _ in layers]
     block = TINY_ENGINE_KWARGS["block_size"]
-    shapes_ok = all(c.dim() == 4 and c.shape[2] == block for c in caches)
+    shapes_ok = len(caches) == 2 and all(c.dim() == 4 and c.shape[2] == block for c in caches)
     src, dst = [3, 4, block + 1], [5 * block + 7, 9 * block, 2]
-    for c in caches:  # known values (unused cache memory may hold NaNs)
+
+    def token(cache, elements, slot):
+        e = elements[slot % block]
+        return cache[slot // block, e[:, 0], e[:, 1], e[:, 2]]
+
+    for c, el in layers:  # known values (unused cache memory may hold NaNs)
         for slot in src:
-            c[slot // block, :, slot % block] = torch.randn_like(c[0, :, 0])
+            e = el[slot % block]
+            c[slot // block, e[:, 0], e[:, 1], e[:, 2]] = torch.randn(len(e), dtype=c.dtype)
     before = [c.clone() for c in caches]
-    copy_kv_slots(caches, src, dst)
-    copied = all(
-        torch.equal(c[d // block, :, d % block], c[s // block, :, s % block])
-        for c in caches for s, d in zip(src, dst))
+    copy_kv_slots(layers, src, dst)
+    copied = all(torch.equal(token(c, el, d), token(c, el, s))
+                 for c, el in layers for s, d in zip(src, dst))
     untouched = all(
         torch.equal(c[7].view(torch.uint8), b[7].view(torch.uint8))  # bit for bit
         and torch.equal(c[1].view(torch.uint8), b[1].view(torch.uint8))

@@ -28,12 +28,14 @@ from vllm_seqhooks.engine.vllm_private.runner import (
     install_family_batch_order,
     install_splice_inputs,
     model_runner_problems,
+    runner_kv_caches,
     splice_problems,
     v2_model_runner_problems,
     v2_splice_problems,
 )
 from vllm_seqhooks.engine.vllm_private.scheduler import (
     children_first_queue,
+    salt_block_hashes,
     scheduler_problems,
     share_block_hashes,
 )
@@ -42,7 +44,8 @@ __all__ = [
     "PINNED_VLLM_VERSION", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "check",
     "children_first_queue", "copy_kv_slots", "input_processor_problems",
     "install_family_batch_order", "install_request_validator", "install_splice_inputs",
-    "model_runner_problems", "problems", "scheduler_problems", "share_block_hashes",
+    "model_runner_problems", "problems", "runner_kv_caches", "salt_block_hashes", "scheduler_problems",
+    "share_block_hashes",
     "splice_problems", "v2_model_runner_problems", "v2_splice_problems",
 ]
 

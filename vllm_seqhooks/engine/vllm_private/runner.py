@@ -8,7 +8,7 @@ import dataclasses
 import inspect
 import logging
 
-from vllm_seqhooks.engine.vllm_private.common import method_problems
+from vllm_seqhooks.engine.vllm_private.common import VllmPrivateAPIError, method_problems
 
 
 #: The V1 model runner (GPU with VLLM_USE_V2_MODEL_RUNNER=0, and the CPU
@@ -156,19 +156,74 @@ V2_SPLICE_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
 V2_INPUT_BATCH_FIELDS = ("req_ids", "query_start_loc_np", "positions")
 
 
-def copy_kv_slots(kv_caches, copy_from: list[int], copy_to: list[int]) -> None:
-    """Copy the KV of cache slots ``copy_from`` to ``copy_to`` in every
-    layer. vLLM 0.32 hands each layer's cache to the runner as a 4-D view
-    ``[blocks, heads, tokens of a block, content]`` (the kernel block size
-    on dim 2), whatever the attention backend's physical layout; slot ``s``
-    is token ``s % n`` of block ``s // n``."""
+def token_elements(layer, cache):
+    """Where the attention backend of ``layer`` writes one token's KV in a
+    kernel block of ``cache`` (vLLM's 4-D view ``[blocks, heads, n, content]``
+    of a layer's cache): an int tensor ``[n, elements, 3]`` of (head, row,
+    column) coordinates, token by token, in the same order for each. Backends
+    lay a block out in their own way (the CPU backend keeps a block's keys,
+    then its values; FlashAttention each token's key and value side by
+    side), so it is read off the backend's own cache write: each token is
+    written alone into a scratch block and found there."""
     import torch
 
-    for cache in kv_caches:
+    _, heads, n, content = cache.shape
+    scratch = torch.empty_strided((1, heads, n, content), cache.stride(), dtype=cache.dtype,
+                                  device=cache.device)
+    dtype = cache.dtype if cache.dtype.is_floating_point and cache.element_size() > 1 \
+        else torch.bfloat16
+    ones = torch.ones(1, layer.num_kv_heads, layer.head_size, dtype=dtype, device=cache.device)
+    found = []
+    for token in range(n):
+        scratch.zero_()
+        layer.impl.do_kv_cache_update(layer, ones, ones, scratch,
+                                      torch.tensor([token], dtype=torch.long, device=cache.device))
+        found.append((scratch[0] != 0).nonzero())
+    if len({len(f) for f in found}) != 1 or not len(found[0]):
+        raise VllmPrivateAPIError(
+            f"{type(layer.impl).__name__} writes tokens of one block in unequal shapes")
+    return torch.stack(found)
+
+
+def copy_kv_slots(caches, copy_from: list[int], copy_to: list[int]) -> None:
+    """Copy the KV of cache slots ``copy_from`` to ``copy_to``. ``caches``:
+    ``(cache, token_elements)`` for every layer (slot ``s`` is token
+    ``s % n`` of kernel block ``s // n``, ``n = cache.shape[2]``). Every copy
+    reads the slots as they were before any is written."""
+    import torch
+
+    for cache, elements in caches:
         n = cache.shape[2]
         src = torch.tensor(copy_from, dtype=torch.long, device=cache.device)
         dst = torch.tensor(copy_to, dtype=torch.long, device=cache.device)
-        cache[dst // n, :, dst % n] = cache[src // n, :, src % n]
+        elements = elements.to(cache.device)
+        es, ed = elements[src % n], elements[dst % n]
+        values = cache[(src // n)[:, None], es[..., 0], es[..., 1], es[..., 2]]
+        cache[(dst // n)[:, None], ed[..., 0], ed[..., 1], ed[..., 2]] = values
+
+
+def runner_kv_caches(runner):
+    """Each attention layer's cache with its :func:`token_elements` (read
+    once per runner, at its first splice join)."""
+    known = runner.__dict__.get(_SPLICE_MARK + "_caches")
+    if known is None:
+        layers = runner.compilation_config.static_forward_context
+        probed: dict = {}
+        known = []
+        for layer in layers.values():
+            cache = getattr(layer, "kv_cache", None)
+            if getattr(layer, "impl", None) is None:
+                continue
+            if isinstance(cache, list):  # (one per virtual engine)
+                cache = cache[0] if cache else None
+            if cache is None or getattr(cache, "dim", lambda: 0)() != 4 or not cache.numel():
+                continue
+            key = (type(layer.impl), tuple(cache.shape), cache.stride(), cache.dtype)
+            if key not in probed:
+                probed[key] = token_elements(layer, cache)
+            known.append((cache, probed[key]))
+        runner.__dict__[_SPLICE_MARK + "_caches"] = known
+    return known
 
 
 def _shift_positions(positions, index_of, query_start_loc, shifts: dict[str, int]) -> None:
@@ -226,7 +281,7 @@ def install_splice_inputs() -> bool:
         def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
             splice = getattr(scheduler_output, SPLICE_INPUTS_ATTR, None)
             if splice is not None and splice.copy_from:
-                copy_kv_slots(self.kv_caches, splice.copy_from, splice.copy_to)
+                copy_kv_slots(runner_kv_caches(self), splice.copy_from, splice.copy_to)
             out = original(self, scheduler_output, num_scheduled_tokens)
             if splice is not None and splice.position_shift:
                 _shift_positions(self.positions, self.input_batch.req_id_to_index.get,
@@ -256,7 +311,7 @@ def _install_v2_splice_inputs() -> bool:
     def wrapped_prepare_inputs(self, scheduler_output, *args, **kwargs):
         splice = getattr(scheduler_output, SPLICE_INPUTS_ATTR, None)
         if splice is not None and splice.copy_from:
-            copy_kv_slots(self.kv_caches, splice.copy_from, splice.copy_to)
+            copy_kv_slots(runner_kv_caches(self), splice.copy_from, splice.copy_to)
         self.__dict__[_SPLICE_MARK] = splice.position_shift if splice is not None else None
         return prepare_inputs(self, scheduler_output, *args, **kwargs)
 

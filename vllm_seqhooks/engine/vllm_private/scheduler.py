@@ -169,6 +169,29 @@ def share_block_hashes(child, parent, hash_block_size: int) -> None:
     child.update_block_hashes()
 
 
+_SALT_MARK = "_seqhooks_salt"
+
+
+def salt_block_hashes(request, salt: bytes) -> None:
+    """From now on, the block hashes ``request`` gets (for the blocks its
+    new tokens fill) are vLLM's mixed with ``salt``; each chains on the
+    last, so every later one differs from vLLM's too. A request whose KV
+    is not what its tokens alone would give (a splice join) is then never
+    served from the prefix cache to another request, and it shares its
+    blocks with the children it spawns later (they take its hasher)."""
+    import hashlib
+
+    hasher = request._block_hasher
+    if hasher is None or getattr(hasher, _SALT_MARK, None) == salt:
+        return
+
+    def salted(req):
+        return [type(h)(hashlib.sha256(salt + bytes(h)).digest()) for h in hasher(req)]
+
+    setattr(salted, _SALT_MARK, salt)
+    request._block_hasher = salted
+
+
 #: What vLLM's FCFS waiting queue defines, each through the deque methods
 #: that :class:`~vllm_seqhooks.core.child_queue.ChildrenFirst` counts on.
 FCFS_QUEUE_METHODS = {

@@ -1,0 +1,196 @@
+"""Splice joins (``join="splice"``): a tag format's parent takes the KV its
+children computed instead of prefilling their outputs again
+(docs/formats/splice.md; the positions and attention are those of
+:mod:`vllm_seqhooks.core.splice_layout`).
+
+- A child that finished keeps its KV blocks (and its ``Request``) until its
+  parent's join step is scheduled. A child that ended at its end tag first
+  computes that tag's KV: it runs one more step, whose sampled token is
+  dropped (``drain``).
+- At the join the parent's new tokens are the fork tag's last token, each
+  path (the child's tokens after the shared context, as far as it computed
+  them) and the format's suffix; all but the suffix count as computed, and
+  their KV is copied slot by slot from the children's blocks into the
+  blocks vLLM allocates the parent in its next step
+  (:class:`~vllm_seqhooks.core.splice_inputs.SpliceInputs`, carried out by
+  the workers before that step's forward pass).
+- The parent then holds more tokens than positions: its positions run
+  behind its indices by ``shifts[rid]``, sent with every step it is
+  scheduled in; its children inherit it. Its block hashes are salted from
+  the join on, so its spliced blocks are never served from the prefix cache
+  to a request whose attention differs (its own later children share them
+  through ``share_block_hashes``).
+- A join falls back to re-prefill (counted, and said in the trace) when a
+  path's KV is not all there: a child that failed or ran out of tokens, a
+  parent whose KV was spilled, or a merge cut by ``max_model_len``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+from vllm.v1.request import Request, RequestStatus
+
+from vllm_seqhooks.core.splice_inputs import SpliceInputs
+from vllm_seqhooks.engine import vllm_private
+
+logger = logging.getLogger("vllm.seqhooks.scheduler")
+
+
+@dataclass
+class _Copies:
+    """A parent's KV copies, made when it is next scheduled: its token
+    ``indices[i]`` takes child ``sources[i][0]``'s token ``sources[i][1]``."""
+
+    indices: list[int]
+    sources: list[tuple[str, int]]
+    children: list[str]
+
+
+class Splicing:
+    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
+        self.sched = sched
+        self.enabled = sched.hooks.join == "splice"
+        #: Finished children whose blocks their parent has not taken yet.
+        self.held: dict[str, Request] = {}
+        #: Parents whose copies go with their next scheduled step.
+        self.pending: dict[str, _Copies] = {}
+        #: Position shift of each request whose positions run behind its
+        #: token indices (after a splice join, and its descendants).
+        self.shifts: dict[str, int] = {}
+        #: Why the last join given to :meth:`merge` re-prefilled.
+        self.last_fallback: str | None = None
+
+    # ---------------------------------------------------------- children
+    def drains(self, child_id: str) -> bool:
+        """A child that ends at its end tag computes the tag's KV first."""
+        return self.enabled and child_id in self.sched.fork_join.children
+
+    def hold(self, request: Request) -> bool:
+        """Keep a finished child's blocks for its parent (True: held)."""
+        if (not self.enabled or request.request_id not in self.sched.fork_join.children
+                or request.status != RequestStatus.FINISHED_STOPPED):
+            return False
+        self.held[request.request_id] = request
+        return True
+
+    def inherit(self, parent_id: str, child_id: str) -> None:
+        shift = self.shifts.get(parent_id)
+        if shift:
+            self.shifts[child_id] = shift
+
+    def forget(self, request_id: str) -> None:
+        """A request is freed: its shift goes, and the blocks held for it
+        (a parent that ended before its join step)."""
+        self.shifts.pop(request_id, None)
+        copies = self.pending.pop(request_id, None)
+        if copies is not None:
+            self._release(copies.children)
+        tree = self.sched.fork_join.tree
+        orphans = [cid for cid in self.held
+                   if (node := tree.get(cid)) is None or node.parent_id == request_id]
+        if orphans and request_id not in self.held:
+            self._release(orphans)
+
+    def give_back(self, child_ids) -> None:
+        """A join that re-prefills: its children's held blocks go back."""
+        self._release(child_ids)
+        self.sched.metrics.inc("splice_fallbacks", 1)
+
+    def _release(self, child_ids) -> None:
+        for cid in child_ids:
+            request = self.held.pop(cid, None)
+            if request is not None:
+                self.sched._free_blocks(request)
+
+    # -------------------------------------------------------------- join
+    def merge(self, st, keep: int, children: list[str], suffix: list[int]) -> list[int] | None:
+        """The tokens a parked parent goes on with when it splices
+        ``children`` after its first ``keep`` tokens (its fork tag's last
+        token, then each path, then ``suffix``), with its copies planned and
+        its shift set; None when the join must re-prefill (the held blocks
+        of the children are then given back)."""
+        sched = self.sched
+        req = st.request
+        rid = req.request_id
+        tree = sched.fork_join.tree
+        context = keep + 1  # its tokens, the fork tag's last included
+        reason = None
+        if st.spilled_frontier is not None or req.num_computed_tokens != keep:
+            reason = "the parent's KV was spilled"
+        paths: list[tuple[str, list[int]]] = []
+        for cid in children:
+            child = self.held.get(cid)
+            node = tree.get(cid)
+            if child is None or node is None:
+                reason = reason or f"child {cid} has no KV to give (it ran out of tokens)"
+                continue
+            end = context + len(node.start_tokens) + len(node.output_tokens or ())
+            if child.num_computed_tokens < end or (
+                    child.all_token_ids[:context] != req.all_token_ids[:context]):
+                reason = reason or f"child {cid}'s KV is not all there"
+                continue
+            paths.append((cid, child.all_token_ids[context:end]))
+        merged = [req.all_token_ids[keep]] + [t for _, p in paths for t in p] + list(suffix)
+        if reason is None and keep + len(merged) > sched.max_model_len:
+            reason = "the merge passes max_model_len"
+        if reason is not None:
+            self.give_back(children)
+            self.last_fallback = reason
+            logger.debug("%s joins by re-prefill: %s", rid, reason)
+            return None
+        indices, sources = [keep], [(paths[0][0], keep)]
+        at = context
+        for cid, path in paths:
+            indices += range(at, at + len(path))
+            sources += [(cid, context + j) for j in range(len(path))]
+            at += len(path)
+        self.pending[rid] = _Copies(indices, sources, list(children))
+        old = self.shifts.get(rid, 0)
+        longest = max(len(p) + self.shifts.get(cid, 0) - old for cid, p in paths)
+        shift = old + longest - sum(len(p) for _, p in paths)
+        if shift:
+            self.shifts[rid] = shift
+        vllm_private.salt_block_hashes(req, _salt(rid))
+        sched.metrics.inc("splice_joins", 1)
+        sched.metrics.inc("spliced_tokens", len(indices))
+        return merged
+
+    def computed_after(self, rid: str) -> int | None:
+        """How many of a just-spliced parent's tokens count as computed."""
+        copies = self.pending.get(rid)
+        return copies.indices[-1] + 1 if copies is not None else None
+
+    # -------------------------------------------------------------- steps
+    def attach(self, out) -> None:
+        """Give a scheduled step its KV copies and position shifts."""
+        scheduled = out.num_scheduled_tokens
+        shifts = {rid: s for rid, s in self.shifts.items() if rid in scheduled}
+        copy_from: list[int] = []
+        copy_to: list[int] = []
+        done = [rid for rid in self.pending if rid in scheduled]
+        for rid in done:
+            copies = self.pending.pop(rid)
+            slots = self._slots(rid)
+            child_slots = {cid: self._slots(cid) for cid in copies.children if cid in self.held}
+            copy_to += [slots(i) for i in copies.indices]
+            copy_from += [child_slots[cid](i) for cid, i in copies.sources]
+            self._release(copies.children)
+        if shifts or copy_from:
+            setattr(out, vllm_private.SPLICE_INPUTS_ATTR,
+                    SpliceInputs(copy_from, copy_to, shifts))
+
+    def _slots(self, rid: str):
+        (blocks,) = self.sched.kv_cache_manager.get_block_ids(rid)
+        size = self.sched.block_size
+        return lambda index: blocks[index // size] * size + index % size
+
+    def sizes(self) -> dict[str, int]:
+        return {"splice_held": len(self.held), "splice_pending": len(self.pending),
+                "splice_shifts": len(self.shifts)}
+
+
+def _salt(request_id: str) -> bytes:
+    return hashlib.sha256(b"seqhooks-splice:" + request_id.encode()).digest()

@@ -1,0 +1,97 @@
+"""Random Multiverse-format families through a splice join on the tiny
+model, and what the transformers oracle says each parent should write
+after its join (tests; one engine per call, in the calling process's
+engine mode)."""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Any
+
+from vllm_seqhooks.core.splice_layout import Parallel
+
+LETTERS = string.ascii_letters + "  "
+LEAD_HEADER = "\n<Path>\n{n}:"
+SUFFIX = "\n<Conclusion>\n"
+
+
+def family_scripts(rng: random.Random) -> dict[str, Any]:
+    """A prompt, the parent's text up to its fork, and 1-4 children of
+    unequal length, some ending at ``</Path>``, some at EOS."""
+    k = rng.randint(1, 4)
+    words = lambda lo, hi: "".join(rng.choice(LETTERS) for _ in range(rng.randint(lo, hi)))
+    outline = "".join(f"<Outline>\n{i + 1}: {words(1, 4)}\n</Outline>\n" for i in range(k))
+    children = {str(i): words(1, 24) + ("</Path>" if rng.random() < 0.7 else "")
+                for i in range(k)}
+    return {"prompt": words(3, 90), "before": "<Parallel>\n<Goal>\n" + outline + "</Goal>",
+            "children": children}
+
+
+def run_families(model: str, seed: int, families: int, block_size: int = 32,
+                 join: str = "splice", free: int = 40, **engine_kwargs: Any) -> dict:
+    """Run ``families`` random families in one batch; return, per family,
+    the prompt and output ids, the children's outputs (from the trace) and
+    the joins' modes, and the engine's splice counters."""
+    import os
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm_seqhooks.llm import LLM
+    from vllm_seqhooks.testing.forkjoin import (
+        Scripts, kv_blocks_in_use, scheduler_of, scripted_engine_kwargs)
+
+    llm = LLM(model, special_kwargs={"format": "multiverse", "join": join,
+                                     "fork_min_tokens": None, "max_child_depth": 1},
+              **scripted_engine_kwargs(model, block_size=block_size, max_model_len=1024,
+                                       **engine_kwargs))
+    S = Scripts(llm.get_tokenizer())
+    rng = random.Random(seed)
+    scripts = [family_scripts(rng) for _ in range(families)]
+    prompts = [{"prompt_token_ids": S(s["prompt"])} for s in scripts]
+    params = [S.params(s["before"], s["children"], end="free", child_end="eos",
+                       max_tokens=len(S(s["before"])) + free) for s in scripts]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    from vllm_seqhooks import get_hook_trace
+
+    result = []
+    for s, prompt, out in zip(scripts, prompts, outs):
+        trace = get_hook_trace(out)
+        result.append({
+            "prompt": prompt["prompt_token_ids"],
+            "before": S(s["before"]),
+            "output": list(out.outputs[0].token_ids),
+            "children": [list(c["output_token_ids"]) for c in trace["children"]],
+            "modes": [j.get("mode") for j in trace["joins"]],
+            "prefilled": [j["prefilled_tokens"] for j in trace["joins"]],
+        })
+    sched = scheduler_of(llm)
+    return {"families": result, "stats": sched.hook_stats,
+            "idle": kv_blocks_in_use(llm) == 0 and not sched.requests,
+            "sizes": sched.hook_state_sizes(),
+            "lead_header": [S(LEAD_HEADER.format(n=i + 1)) for i in range(4)],
+            "suffix": S(SUFFIX)}
+
+
+def oracle_check(model_dir: str, run: dict) -> list[dict]:
+    """For each family: the parent's free tokens after its join, and the
+    oracle's greedy tokens for the same merged sequence laid out as a
+    splice (and as one causal sequence)."""
+    from vllm_seqhooks.testing import splice_oracle
+
+    model = splice_oracle.load(model_dir)
+    checks = []
+    for fam in run["families"]:
+        fork = len(fam["prompt"]) + len(fam["before"])
+        paths = [len(run["lead_header"][i]) + len(c) for i, c in enumerate(fam["children"])]
+        suffix = len(run["suffix"])
+        ids = fam["prompt"] + fam["output"]
+        cut = fork + sum(paths) + suffix
+        got = ids[cut:]
+        layout = (fork, Parallel(tuple((n,) for n in paths)), suffix)
+        checks.append({
+            "got": got,
+            "splice": splice_oracle.greedy_after_join(model, ids[:cut], layout, len(got)),
+            "causal": splice_oracle.greedy_causal(model, ids[:cut], len(got)),
+            "paths": paths, "fork": fork,
+        })
+    return checks
