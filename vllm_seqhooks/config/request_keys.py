@@ -29,10 +29,14 @@ REQUEST_OVERRIDE_KEYS: dict[str, check.Check] = {
 
 #: Keys the engine writes into the ``extra_args`` of requests it makes: a
 #: child's dotted key ("0", "1", "0.1", ...), and on a resumed parent the
-#: tokens it sampled before its current output list began.
+#: tokens it sampled before its current output list began; on a request
+#: whose positions run behind its token indices (after a splice join, and
+#: its later children) that shift (position = index + shift), for logits
+#: processors that read positions (V2's ``LogitsContext.pos``).
 CHILD_KEY_ARG = "seqhooks_child_key"
 SAMPLED_BEFORE_ARG = "seqhooks_sampled_before"
-ENGINE_REQUEST_KEYS = frozenset({CHILD_KEY_ARG, SAMPLED_BEFORE_ARG})
+POSITION_SHIFT_ARG = "seqhooks_position_shift"
+ENGINE_REQUEST_KEYS = frozenset({CHILD_KEY_ARG, SAMPLED_BEFORE_ARG, POSITION_SHIFT_ARG})
 
 #: ``seqhooks_*`` keys other code in this process reads (a test tool's):
 #: accepted in requests, not validated here.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
-from vllm_seqhooks.config.request_keys import SAMPLED_BEFORE_ARG
+from vllm_seqhooks.config.request_keys import POSITION_SHIFT_ARG, SAMPLED_BEFORE_ARG
 from vllm_seqhooks.core.join_plan import (
     common_prefix, contribution, first_child_covers, fit_merge, resumes)
 from vllm_seqhooks.core.request_tree import FAILED, FINISHED, MERGED, JoinRecord
@@ -279,7 +279,7 @@ class Joins:
             prompt_token_ids=[*uncomputed, *merged],
             max_tokens=remaining,
             arrival_time=req.arrival_time,
-            sampling_params=_resumed_params(st, remaining),
+            sampling_params=_resumed_params(st, remaining, sched.splicing.shifts.get(rid, 0)),
         )
         sampled = st.sampled
         sched._update_request_as_session(req, update)  # (a new segment)
@@ -390,7 +390,7 @@ class _Merge:
     ends_parent: bool
 
 
-def _resumed_params(st: HookState, remaining: int):
+def _resumed_params(st: HookState, remaining: int, shift: int = 0):
     """A resumed parent's sampling parameters: its remaining budget, the
     ``min_tokens`` it has left, and the tokens it sampled before."""
     sp = copy.copy(st.request.sampling_params)  # (see spawning._child_params)
@@ -398,5 +398,7 @@ def _resumed_params(st: HookState, remaining: int):
     sp.min_tokens = max(0, st.orig_min_tokens - st.sampled)
     extra = dict(sp.extra_args or {})
     extra[SAMPLED_BEFORE_ARG] = st.sampled
+    if shift:
+        extra[POSITION_SHIFT_ARG] = shift
     sp.extra_args = extra
     return sp

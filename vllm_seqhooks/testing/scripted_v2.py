@@ -26,7 +26,9 @@ How V2 differs, and what the class does about it:
   parent after a join with the merged context as a longer prompt and
   ``seqhooks_sampled_before`` in ``extra_args``, so k restarts from there.
   Rows before the end of the prompt (a chunked prefill) give ``k < 0`` and
-  are left alone.
+  are left alone. After a splice join a request's positions run behind its
+  token indices by ``seqhooks_position_shift`` (in ``extra_args``), which
+  ``k`` takes back out.
 * Slots, not rows.  Per-request state is kept per persistent slot
   (``req_idx``), fully rewritten by every ``add_request``.  The scripts live
   in small per-slot device tensors rebuilt in ``apply_staged_writes`` after a
@@ -54,6 +56,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
     LogitsProcRequestState,
 )
 
+from vllm_seqhooks.config.request_keys import POSITION_SHIFT_ARG
 from vllm_seqhooks.testing.script_protocol import (
     ForcingPlan,
     forcing_plan,
@@ -144,7 +147,9 @@ class ScriptedTokensLogitsProcessorV2(LogitsProcessor):
         if plan is not None:
             # The model runner fills req_states before the sampler's add.
             prompt_len = int(self.req_states.prompt_len.np[req_idx])
-            self._base[req_idx] = plan.sampled_before - prompt_len
+            # After a splice join positions run behind token indices.
+            shift = int((sampling_params.extra_args or {}).get(POSITION_SHIFT_ARG, 0))
+            self._base[req_idx] = plan.sampled_before - prompt_len - shift
             self._warn_out_of_range(plan)
         self._stale = True
         return plan is not None

@@ -1,0 +1,68 @@
+"""Splice joins end to end (join='splice', issue 21): on random
+Multiverse-format families (1-4 paths of unequal length, prompts of 3-90
+tokens so that forks and paths fall anywhere in a block, children ending
+at their end tag or at EOS), the parent's tokens after the join equal a
+transformers forward with path-isolated attention and shared positions
+(testing/splice_oracle.py), in every engine mode, with block sizes 32
+and 64 (the CPU backend takes multiples of 32) and with prefix caching
+off; the join prefills only the format's suffix; nothing is left behind. Control: a re-prefill join of the same families
+continues differently wherever the paths are more than one."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_seqhooks.testing import splice_families
+from vllm_seqhooks.testing.engine_modes import MODES, EngineMode, run_in_mode
+
+pytestmark = pytest.mark.slow
+
+FAMILIES = 8
+
+
+def _run(mode: EngineMode, model: str, **kwargs) -> dict:
+    reason = mode.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    return run_in_mode(mode, "vllm_seqhooks.testing.splice_families:run_families",
+                       kwargs=dict(model=model, families=FAMILIES, **kwargs))
+
+
+def _assert_clean(run: dict) -> None:
+    assert run["idle"]
+    assert not any(run["sizes"].values()), run["sizes"]
+
+
+@pytest.mark.parametrize("block_size", [32, 64])  # (the CPU backend takes multiples of 32)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.id)
+def test_splice_join_equals_the_oracle(mode, block_size, tiny_model_dir):
+    run = _run(mode, tiny_model_dir, seed=block_size + MODES.index(mode),
+               block_size=block_size)
+    _assert_clean(run)
+    suffix = len(run["suffix"])
+    assert run["stats"]["splice_joins"] == FAMILIES
+    assert run["stats"]["splice_fallbacks"] == 0
+    checks = splice_families.oracle_check(tiny_model_dir, run)
+    for family, check in zip(run["families"], checks):
+        assert family["modes"] == ["splice"]
+        assert family["prefilled"] == [suffix]  # the join computes only the suffix
+        assert len(check["got"]) > 10
+        assert check["got"] == check["splice"], (check["fork"], check["paths"])
+
+
+def test_splice_join_without_prefix_caching(tiny_model_dir):
+    run = _run(MODES[0], tiny_model_dir, seed=7, enable_prefix_caching=False)
+    _assert_clean(run)
+    assert run["stats"]["splice_joins"] == FAMILIES
+    for check in splice_families.oracle_check(tiny_model_dir, run):
+        assert check["got"] == check["splice"]
+
+
+def test_a_reprefill_join_is_what_the_oracle_tells_apart(tiny_model_dir):
+    run = _run(MODES[0], tiny_model_dir, seed=3, join="reprefill")
+    _assert_clean(run)
+    checks = splice_families.oracle_check(tiny_model_dir, run)
+    several = [c for c in checks if len(c["paths"]) > 1]
+    assert len(several) >= 4
+    assert all(c["got"] == c["causal"] for c in checks)
+    assert sum(c["got"] != c["splice"] for c in several) >= len(several) - 1
