@@ -50,7 +50,7 @@ def test_splice_inputs_pair_their_copies():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.id)
+@pytest.mark.parametrize("mode", [MODES[0], MODES[3]], ids=lambda m: m.id)  # V1 sync, V2 async
 def test_positions_shift_as_the_scheduler_asks(mode, tiny_model_dir):
     reason = mode.unavailable_reason()
     if reason:

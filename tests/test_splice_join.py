@@ -17,7 +17,10 @@ from vllm_seqhooks.testing.engine_modes import MODES, EngineMode, run_in_mode
 
 pytestmark = pytest.mark.slow
 
-FAMILIES = 8
+FAMILIES = 9
+#: Each engine mode; block sizes 32 and 64 on the V1 runner (the V2 runner
+#: runs through Triton's interpreter, slowly): 6 runs, 54 families.
+RUNS = [(mode, block) for mode in MODES for block in ((32, 64) if mode.runner == "v1" else (32,))]
 
 
 def _run(mode: EngineMode, model: str, **kwargs) -> dict:
@@ -33,8 +36,8 @@ def _assert_clean(run: dict) -> None:
     assert not any(run["sizes"].values()), run["sizes"]
 
 
-@pytest.mark.parametrize("block_size", [32, 64])  # (the CPU backend takes multiples of 32)
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.id)
+@pytest.mark.parametrize(("mode", "block_size"), RUNS,
+                         ids=[f"{m.id}-{b}" for m, b in RUNS])
 def test_splice_join_equals_the_oracle(mode, block_size, tiny_model_dir):
     run = _run(mode, tiny_model_dir, seed=block_size + MODES.index(mode),
                block_size=block_size)
@@ -46,7 +49,7 @@ def test_splice_join_equals_the_oracle(mode, block_size, tiny_model_dir):
     for family, check in zip(run["families"], checks):
         assert family["modes"] == ["splice"]
         assert family["prefilled"] == [suffix]  # the join computes only the suffix
-        assert len(check["got"]) > 10
+        assert len(check["got"]) >= 16
         assert check["got"] == check["splice"], (check["fork"], check["paths"])
 
 

@@ -38,6 +38,30 @@ def unsupported_engine(vllm_config, kv_cache_config=None) -> str | None:
     return None
 
 
+def unsupported_splice(vllm_config, kv_cache_config=None) -> str | None:
+    """Why this engine cannot join by splice (None when it can).
+
+    * Speculative decoding: a drafter computes its own positions and slots
+      from the target's; a spliced request's positions run behind its
+      indices.
+    * M-RoPE (multimodal positions): its positions are not the runner's 1-D
+      positions that a splice shifts.
+    * Several KV cache groups (sliding-window or other mixed layers): a
+      splice copies a path's KV within one group's blocks.
+    """
+    if vllm_config.speculative_config is not None:
+        return ("join='splice' cannot be combined with speculative decoding (a drafter "
+                "derives its positions and KV slots from the target's token indices); "
+                "use join='reprefill' or no --speculative-config")
+    if getattr(vllm_config.model_config, "uses_mrope", False):
+        return (f"join='splice' needs 1-D rotary positions; {vllm_config.model_config.model} "
+                "uses M-RoPE; use join='reprefill'")
+    if kv_cache_config is not None and len(kv_cache_config.kv_cache_groups) > 1:
+        return ("join='splice' needs one KV cache group (every layer alike); this model has "
+                f"{len(kv_cache_config.kv_cache_groups)}; use join='reprefill'")
+    return None
+
+
 def _is_attention_spec(spec) -> bool:
     from vllm.v1.kv_cache_interface import AttentionSpec, UniformTypeKVCacheSpecs
 

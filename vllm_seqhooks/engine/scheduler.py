@@ -44,7 +44,7 @@ from vllm_seqhooks.core.request_tree import ABORTED, FAILED
 from vllm_seqhooks.engine import WORKER_EXTENSION_CLASS_PATH, patches, vllm_private
 from vllm_seqhooks.engine.accounting import Accounting
 from vllm_seqhooks.engine.admission import Admission
-from vllm_seqhooks.engine.engine_support import unsupported_engine
+from vllm_seqhooks.engine.engine_support import unsupported_engine, unsupported_splice
 from vllm_seqhooks.engine.fair_share import FairShare
 from vllm_seqhooks.engine.family_limits import FamilyLimits
 from vllm_seqhooks.engine.joins import Joins
@@ -509,6 +509,9 @@ class SeqHooksScheduler:
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         kv_cache_config = kwargs.get("kv_cache_config", args[1] if len(args) > 1 else None)
         refusal = unsupported_engine(vllm_config, kv_cache_config)
+        hooks = SpecialKwargs.from_additional_config(vllm_config.additional_config)
+        if refusal is None and hooks is not None and hooks.join == "splice":
+            refusal = unsupported_splice(vllm_config, kv_cache_config)
         if refusal is not None:
             raise ValueError(f"vllm-seqhooks: {refusal}")
         impl = (

@@ -22,14 +22,14 @@ def family_scripts(rng: random.Random) -> dict[str, Any]:
     k = rng.randint(1, 4)
     words = lambda lo, hi: "".join(rng.choice(LETTERS) for _ in range(rng.randint(lo, hi)))
     outline = "".join(f"<Outline>\n{i + 1}: {words(1, 4)}\n</Outline>\n" for i in range(k))
-    children = {str(i): words(1, 24) + ("</Path>" if rng.random() < 0.7 else "")
+    children = {str(i): words(1, 16) + ("</Path>" if rng.random() < 0.7 else "")
                 for i in range(k)}
     return {"prompt": words(3, 90), "before": "<Parallel>\n<Goal>\n" + outline + "</Goal>",
             "children": children}
 
 
 def run_families(model: str, seed: int, families: int, block_size: int = 32,
-                 join: str = "splice", free: int = 40, **engine_kwargs: Any) -> dict:
+                 join: str = "splice", free: int = 24, **engine_kwargs: Any) -> dict:
     """Run ``families`` random families in one batch; return, per family,
     the prompt and output ids, the children's outputs (from the trace) and
     the joins' modes, and the engine's splice counters."""

@@ -1,0 +1,124 @@
+"""Splice joins in the scheduler (surgical harness, the tiny model's
+character tokenizer; sync and async scheduling): what a join sends the
+workers, when it falls back to re-prefill, and that no block is left
+behind. End to end against the oracle: tests/test_splice_join.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_seqhooks.config.field_checks import SpecialKwargsError
+from vllm_seqhooks.engine.vllm_private import SPLICE_INPUTS_ATTR
+from vllm_seqhooks.testing.sched_harness import EOS_ID as EOS
+from vllm_seqhooks.testing.sched_harness import child_id
+
+from test_formats_engine import MODES, assert_idle, dec, enc, harness, hooks
+
+GOAL = "<Parallel>\n<Goal>\n<Outline>1: a</Outline>\n<Outline>2: b</Outline>\n</Goal>"
+PATH_1, PATH_2 = "\n<Path>\n1: alpha</Path>", "\n<Path>\n2: beta!"
+SUFFIX = "\n<Conclusion>\n"
+
+
+def splice_harness(async_sched: bool, **kwargs):
+    h = harness("multiverse", async_sched, overrides={"join": "splice"}, **kwargs)
+    sent = []
+    h.after_schedule.append(lambda h, out: sent.append(
+        (dict(out.num_scheduled_tokens), getattr(out, SPLICE_INPUTS_ATTR, None))))
+    return h, sent
+
+
+@MODES
+def test_the_join_copies_the_paths_and_prefills_the_suffix(async_sched):
+    h, sent = splice_harness(async_sched)
+    h.scripts["r"] = enc(GOAL + "x</Conclusion>\n</Parallel> 42") + [EOS]
+    # Child 0 ends at its end tag (the step after it computes the tag's KV;
+    # what it samples there is dropped); child 1 at EOS.
+    h.scripts[child_id("r", 0)] = enc(" alpha</Path>never")
+    h.scripts[child_id("r", 1)] = enc(" beta!") + [EOS]
+    h.add("r", enc("Q:"), max_tokens=300)
+    h.run(600)
+    assert dec(h.tokens["r"]) == GOAL + PATH_1 + PATH_2 + SUFFIX + "x</Conclusion>\n</Parallel> 42</s>"
+    (join,) = h.trace("r")["joins"]
+    assert join["mode"] == "splice" and "fallback" not in join
+    assert join["prefilled_tokens"] == len(enc(SUFFIX))
+    paths = [len(enc(PATH_1)), len(enc(PATH_2))]
+    steps = [(n, si) for n, si in sent if si is not None and si.copy_from]
+    ((scheduled, splice),) = steps
+    assert scheduled["r"] == len(enc(SUFFIX))  # the step that prefills the suffix
+    assert len(splice.copy_from) == len(splice.copy_to) == 1 + sum(paths)  # fork tag + paths
+    assert len(set(splice.copy_to)) == len(splice.copy_to)
+    shift = max(paths) - sum(paths)
+    assert splice.position_shift == {"r": shift}
+    # Every later step of the parent carries its shift.
+    later = [si for n, si in sent[sent.index((scheduled, splice)) + 1:] if "r" in n]
+    assert later and all(si is not None and si.position_shift == {"r": shift} for si in later)
+    stats = h.sched.hook_stats
+    assert (stats["splice_joins"], stats["spliced_tokens"], stats["splice_fallbacks"]) == (
+        1, 1 + sum(paths), 0)
+    assert_idle(h)
+
+
+@MODES
+def test_a_child_out_of_tokens_makes_the_join_reprefill(async_sched):
+    """Its last token's KV was never computed: the join falls back to
+    re-prefill (the merge written as a re-prefill writes it), says why in
+    the trace and counts it; the blocks held for it go back."""
+    h, sent = splice_harness(async_sched)
+    h.scripts["r"] = enc(GOAL + "x") + [EOS]
+    h.scripts[child_id("r", 0)] = enc(" alpha</Path>")
+    h.scripts[child_id("r", 1)] = enc(" beta" * 40)  # past its budget
+    h.add("r", enc("Q:"), max_tokens=len(enc(GOAL)) + 30)
+    h.run(600)
+    (join,) = h.trace("r")["joins"]
+    assert join["mode"] == "reprefill" and "ran out of tokens" in join["fallback"]
+    assert h.sched.hook_stats["splice_fallbacks"] == 1
+    assert not any(si is not None and si.copy_from for _, si in sent)
+    assert dec(h.tokens["r"]).startswith(GOAL + PATH_1 + "\n<Path>\n2: beta")
+    assert_idle(h)
+
+
+@MODES
+def test_an_abort_while_parked_gives_the_held_blocks_back(async_sched):
+    h, _ = splice_harness(async_sched)
+    h.scripts["r"] = enc(GOAL + "x") + [EOS]
+    h.scripts[child_id("r", 0)] = enc(" a</Path>")
+    h.scripts[child_id("r", 1)] = enc(" b" * 100)  # still running at the abort
+    h.add("r", enc("Q:"), max_tokens=400)
+    h.run_until(lambda: bool(h.sched.splicing.held), 300)
+    assert h.sched.splicing.held  # child 0 finished, its blocks kept
+    h.abort("r")
+    h.run(100)
+    assert_idle(h)
+
+
+def test_splice_needs_a_tag_format_whose_paths_are_the_childrens_own():
+    with pytest.raises(SpecialKwargsError, match="needs a tag format"):
+        _promise_splice()
+    with pytest.raises(SpecialKwargsError, match="child_eos_text=''"):
+        hooks("threadweaver", join="splice")
+    with pytest.raises(SpecialKwargsError, match="boundary_tokenization='ids'"):
+        hooks("multiverse", join="splice", boundary_tokenization="text")
+    assert hooks("npr", join="splice").join == "splice"
+
+
+def _promise_splice():
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargs
+
+    return SpecialKwargs(sync_token_id=6, promise_token_id=4, promise_end_token_id=5,
+                         join="splice")
+
+
+def test_splice_is_refused_with_speculative_decoding_and_mrope():
+    from types import SimpleNamespace
+
+    from vllm_seqhooks.engine.engine_support import unsupported_splice
+
+    def config(spec=None, mrope=False):
+        return SimpleNamespace(speculative_config=spec,
+                               model_config=SimpleNamespace(uses_mrope=mrope, model="m"))
+
+    assert unsupported_splice(config()) is None
+    assert "speculative decoding" in unsupported_splice(config(spec=object()))
+    assert "M-RoPE" in unsupported_splice(config(mrope=True))
+    groups = SimpleNamespace(kv_cache_groups=[1, 2])
+    assert "one KV cache group" in unsupported_splice(config(), groups)
