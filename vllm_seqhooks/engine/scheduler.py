@@ -186,8 +186,9 @@ class SeqHooksMixin:
             if rid not in fj.tree:
                 fj.drop_family(rid)
         if self.splicing.enabled:
+            held = self.splicing.hold(request)  # its parent takes its blocks
             self.splicing.forget(rid)
-            if self.splicing.hold(request):  # its parent takes its blocks
+            if held:
                 return super()._free_request(request, delay_free_blocks=True)
         return super()._free_request(request, *args, **kwargs)
 

@@ -28,6 +28,7 @@ from vllm_seqhooks.config.presets import FORMAT_KEY, MODEL_FILE, PRESETS, expand
 from vllm_seqhooks.config.special_kwargs import (
     BATCH_ORDERS,
     CHILD_CONTEXTS,
+    JOIN_MODES,
     MERGE_STRATEGIES,
     SpecialKwargs,
     SpecialKwargsError,
@@ -124,6 +125,10 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                       "help": "family: keep each request's children next to each other in the model's batch "
                               "(they share the parent's KV blocks; measured 2x faster CPU attention); "
                               "arrival: vLLM's order."}),
+    "--join": ("join", {"choices": JOIN_MODES,
+               "help": "How a tag format's parent joins: reprefill (it prefills the merged text) or "
+                       "splice (it takes its children's KV, paths side by side at shared positions, "
+                       "as Multiverse and NPR models are trained; docs/formats/splice.md)."}),
     "--failed-child-marker": ("failed_child_marker", {"metavar": "TEXT",
                               "help": "Text merged in place of a child that failed or was aborted; unset: nothing."}),
     "--family-token-factor": ("family_token_factor", {"type": _positive_int, "metavar": "N",

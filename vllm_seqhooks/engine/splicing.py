@@ -53,8 +53,11 @@ class Splicing:
     def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
         self.sched = sched
         self.enabled = sched.hooks.join == "splice"
-        #: Finished children whose blocks their parent has not taken yet.
+        #: Finished children whose blocks their parent has not taken yet,
+        #: and the shift each ended with (a path that forked in turn spans
+        #: fewer positions than tokens).
         self.held: dict[str, Request] = {}
+        self.held_shifts: dict[str, int] = {}
         #: Parents whose copies go with their next scheduled step.
         self.pending: dict[str, _Copies] = {}
         #: Position shift of each request whose positions run behind its
@@ -74,6 +77,7 @@ class Splicing:
                 or request.status != RequestStatus.FINISHED_STOPPED):
             return False
         self.held[request.request_id] = request
+        self.held_shifts[request.request_id] = self.shifts.get(request.request_id, 0)
         return True
 
     def inherit(self, parent_id: str, child_id: str) -> None:
@@ -102,6 +106,7 @@ class Splicing:
     def _release(self, child_ids) -> None:
         for cid in child_ids:
             request = self.held.pop(cid, None)
+            self.held_shifts.pop(cid, None)
             if request is not None:
                 self.sched._free_blocks(request)
 
@@ -149,7 +154,7 @@ class Splicing:
             at += len(path)
         self.pending[rid] = _Copies(indices, sources, list(children))
         old = self.shifts.get(rid, 0)
-        longest = max(len(p) + self.shifts.get(cid, 0) - old for cid, p in paths)
+        longest = max(len(p) + self.held_shifts.get(cid, 0) - old for cid, p in paths)
         shift = old + longest - sum(len(p) for _, p in paths)
         if shift:
             self.shifts[rid] = shift
@@ -188,7 +193,8 @@ class Splicing:
         return lambda index: blocks[index // size] * size + index % size
 
     def sizes(self) -> dict[str, int]:
-        return {"splice_held": len(self.held), "splice_pending": len(self.pending),
+        return {"splice_held": len(self.held) + len(self.held_shifts),
+                "splice_pending": len(self.pending),
                 "splice_shifts": len(self.shifts)}
 
 
