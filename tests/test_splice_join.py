@@ -69,3 +69,17 @@ def test_a_reprefill_join_is_what_the_oracle_tells_apart(tiny_model_dir):
     assert len(several) >= 4
     assert all(c["got"] == c["causal"] for c in checks)
     assert sum(c["got"] != c["splice"] for c in several) >= len(several) - 1
+
+
+def test_nested_splice_joins_equal_the_oracle(tiny_model_dir):
+    """Child 0 of each family forks 1-3 children of its own: its path holds
+    their paths side by side and spans the positions its own splice join
+    left it (fewer than its tokens); the outer join uses that extent."""
+    run = _run(MODES[0], tiny_model_dir, seed=5, nested=True, free=160)
+    _assert_clean(run)
+    assert run["stats"]["splice_joins"] == 2 * FAMILIES
+    assert run["stats"]["splice_fallbacks"] == 0
+    checks = splice_families.oracle_check(tiny_model_dir, run, compare=32)
+    for family, check in zip(run["families"], checks):
+        assert family["modes"] == ["splice"] and family["inner"]["modes"] == ["splice"]
+        assert check["got"] == check["splice"]

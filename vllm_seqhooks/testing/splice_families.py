@@ -16,20 +16,30 @@ LEAD_HEADER = "\n<Path>\n{n}:"
 SUFFIX = "\n<Conclusion>\n"
 
 
-def family_scripts(rng: random.Random) -> dict[str, Any]:
+def family_scripts(rng: random.Random, nested: bool = False) -> dict[str, Any]:
     """A prompt, the parent's text up to its fork, and 1-4 children of
-    unequal length, some ending at ``</Path>``, some at EOS."""
-    k = rng.randint(1, 4)
+    unequal length, some ending at ``</Path>``, some at EOS. ``nested``:
+    child 0 forks 1-3 children of its own, then goes on and ends at
+    ``</Path>`` (``inner``: its text up to its fork, and after its join)."""
+    k = rng.randint(2 if nested else 1, 4)
     words = lambda lo, hi: "".join(rng.choice(LETTERS) for _ in range(rng.randint(lo, hi)))
-    outline = "".join(f"<Outline>\n{i + 1}: {words(1, 4)}\n</Outline>\n" for i in range(k))
+    goal = lambda n: "<Parallel>\n<Goal>\n" + "".join(
+        f"<Outline>\n{i + 1}: {words(1, 4)}\n</Outline>\n" for i in range(n)) + "</Goal>"
     children = {str(i): words(1, 16) + ("</Path>" if rng.random() < 0.7 else "")
                 for i in range(k)}
-    return {"prompt": words(3, 90), "before": "<Parallel>\n<Goal>\n" + outline + "</Goal>",
-            "children": children}
+    inner = None
+    if nested:
+        m = rng.randint(1, 3)
+        inner = {"before": words(1, 6) + goal(m),
+                 "after": words(1, 4) + "</Conclusion>\n</Parallel>\n" + words(1, 4) + "</Path>"}
+        children["0"] = inner["before"] + inner["after"]
+        children.update({f"0.{j}": words(1, 12) + "</Path>" for j in range(m)})
+    return {"prompt": words(3, 90), "before": goal(k), "children": children, "inner": inner}
 
 
 def run_families(model: str, seed: int, families: int, block_size: int = 32,
-                 join: str = "splice", free: int = 24, **engine_kwargs: Any) -> dict:
+                 join: str = "splice", free: int = 24, nested: bool = False,
+                 **engine_kwargs: Any) -> dict:
     """Run ``families`` random families in one batch; return, per family,
     the prompt and output ids, the children's outputs (from the trace) and
     the joins' modes, and the engine's splice counters."""
@@ -41,12 +51,13 @@ def run_families(model: str, seed: int, families: int, block_size: int = 32,
         Scripts, kv_blocks_in_use, scheduler_of, scripted_engine_kwargs)
 
     llm = LLM(model, special_kwargs={"format": "multiverse", "join": join,
-                                     "fork_min_tokens": None, "max_child_depth": 1},
+                                     "fork_min_tokens": None,
+                                     "max_child_depth": 2 if nested else 1},
               **scripted_engine_kwargs(model, block_size=block_size, max_model_len=1024,
                                        **engine_kwargs))
     S = Scripts(llm.get_tokenizer())
     rng = random.Random(seed)
-    scripts = [family_scripts(rng) for _ in range(families)]
+    scripts = [family_scripts(rng, nested) for _ in range(families)]
     prompts = [{"prompt_token_ids": S(s["prompt"])} for s in scripts]
     params = [S.params(s["before"], s["children"], end="free", child_end="eos",
                        max_tokens=len(S(s["before"])) + free) for s in scripts]
@@ -61,6 +72,10 @@ def run_families(model: str, seed: int, families: int, block_size: int = 32,
             "before": S(s["before"]),
             "output": list(out.outputs[0].token_ids),
             "children": [list(c["output_token_ids"]) for c in trace["children"]],
+            "inner": None if s["inner"] is None else {
+                "before": S(s["inner"]["before"]), "after": S(s["inner"]["after"]),
+                "children": [list(c["output_token_ids"]) for c in trace["children"][0]["children"]],
+                "modes": [j.get("mode") for j in trace["children"][0]["joins"]]},
             "modes": [j.get("mode") for j in trace["joins"]],
             "prefilled": [j["prefilled_tokens"] for j in trace["joins"]],
         })
@@ -72,7 +87,7 @@ def run_families(model: str, seed: int, families: int, block_size: int = 32,
             "suffix": S(SUFFIX)}
 
 
-def oracle_check(model_dir: str, run: dict) -> list[dict]:
+def oracle_check(model_dir: str, run: dict, compare: int | None = None) -> list[dict]:
     """For each family: the parent's free tokens after its join, and the
     oracle's greedy tokens for the same merged sequence laid out as a
     splice (and as one causal sequence)."""
@@ -82,12 +97,21 @@ def oracle_check(model_dir: str, run: dict) -> list[dict]:
     checks = []
     for fam in run["families"]:
         fork = len(fam["prompt"]) + len(fam["before"])
-        paths = [len(run["lead_header"][i]) + len(c) for i, c in enumerate(fam["children"])]
+        lead = run["lead_header"]
+        paths = [len(lead[i]) + len(c) for i, c in enumerate(fam["children"])]
         suffix = len(run["suffix"])
         ids = fam["prompt"] + fam["output"]
         cut = fork + sum(paths) + suffix
-        got = ids[cut:]
-        layout = (fork, Parallel(tuple((n,) for n in paths)), suffix)
+        got = ids[cut:][:compare]
+        layouts = [(n,) for n in paths]
+        inner = fam["inner"]
+        if inner is not None:  # child 0 forked: its path holds its own paths
+            inner_paths = [len(lead[j]) + len(c) for j, c in enumerate(inner["children"])]
+            layouts[0] = (len(lead[0]) + len(inner["before"]),
+                          Parallel(tuple((n,) for n in inner_paths)),
+                          suffix + len(inner["after"]))
+            assert sum(layouts[0][::2]) + sum(inner_paths) == paths[0]
+        layout = (fork, Parallel(tuple(layouts)), suffix)
         checks.append({
             "got": got,
             "splice": splice_oracle.greedy_after_join(model, ids[:cut], layout, len(got)),

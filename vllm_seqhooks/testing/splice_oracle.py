@@ -56,17 +56,32 @@ def next_token(model, ids: Sequence[int], layout: Layout, first_position: int = 
 def greedy_after_join(model, ids: Sequence[int], layout: Layout, max_new: int,
                       stop: Sequence[int] = (), first_position: int = 0) -> list[int]:
     """``max_new`` greedy tokens (fewer when one in ``stop`` comes, kept)
-    continuing ``ids`` laid out as ``layout``: each extends its last run."""
-    ids, out = list(ids), []
-    layout = tuple(layout) if layout and isinstance(layout[-1], int) else (*layout, 0)
-    while len(out) < max_new:
-        token = next_token(model, ids, layout, first_position)
-        out.append(token)
-        if token in stop:
-            break
-        ids.append(token)
-        layout = (*layout[:-1], layout[-1] + 1)
-    return out
+    continuing ``ids`` laid out as ``layout``: each new token sees
+    everything before it and takes the next position. The laid-out tokens
+    are computed once with the layout's mask; the new ones on their KV."""
+    import torch
+
+    if not max_new:
+        return []
+    if token_count(layout) != len(ids):
+        raise ValueError(f"the layout holds {token_count(layout)} tokens, not {len(ids)}")
+    allowed = torch.tensor(attention_mask(layout), dtype=torch.bool)
+    mask = torch.zeros(allowed.shape, dtype=torch.float32)
+    mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    position = positions(layout, first_position)
+    out: list[int] = []
+    with torch.no_grad():
+        result = model(input_ids=torch.tensor([list(ids)]), attention_mask=mask[None, None],
+                       position_ids=torch.tensor([position]), use_cache=True)
+        next_position = (position[-1] + 1) if position else first_position
+        while True:
+            out.append(int(result.logits[0, -1].argmax()))
+            if len(out) == max_new or out[-1] in stop:
+                return out
+            result = model(input_ids=torch.tensor([[out[-1]]]),
+                           position_ids=torch.tensor([[next_position]]),
+                           past_key_values=result.past_key_values, use_cache=True)
+            next_position += 1
 
 
 def greedy_causal(model, ids: Sequence[int], max_new: int, stop: Sequence[int] = (),
