@@ -122,3 +122,34 @@ def test_splice_is_refused_with_speculative_decoding_and_mrope():
     assert "M-RoPE" in unsupported_splice(config(mrope=True))
     groups = SimpleNamespace(kv_cache_groups=[1, 2])
     assert "one KV cache group" in unsupported_splice(config(), groups)
+
+
+def _pressured(num_blocks: int):
+    """Three long plain requests, then a splice family, on a small cache:
+    the parent resumes last, so it is the one vLLM preempts."""
+    h, sent = splice_harness(False, num_blocks=num_blocks)
+    for i in range(3):
+        h.scripts[f"p{i}"] = enc("z" * 200) + [EOS]
+        h.add(f"p{i}", enc("P" * 40), max_tokens=400)
+    h.scripts["r"] = enc(GOAL + "x" * 150) + [EOS]
+    h.scripts[child_id("r", 0)] = enc(" alpha</Path>")
+    h.scripts[child_id("r", 1)] = enc(" beta!") + [EOS]
+    h.add("r", enc("Q:"), max_tokens=400)
+    h.run(3000)
+    assert dec(h.tokens["r"]) == GOAL + PATH_1 + PATH_2 + SUFFIX + "x" * 150 + "</s>"
+    assert_idle(h)
+    return h
+
+
+def test_a_spliced_parent_that_vllm_preempts_is_counted():
+    h = _pressured(30)
+    stats = h.sched.hook_stats
+    assert "r" in h.preempted
+    assert (stats["splice_joins"], stats["splice_recomputes"], stats["splice_fallbacks"]) == (1, 1, 0)
+
+
+def test_a_parent_spilled_while_parked_joins_by_reprefill():
+    h = _pressured(22)
+    (join,) = h.trace("r")["joins"]
+    assert join["mode"] == "reprefill" and "spilled" in join["fallback"]
+    assert h.sched.hook_stats["splice_fallbacks"] == 1
