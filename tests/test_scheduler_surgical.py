@@ -43,6 +43,9 @@ ZERO_STATE = {
     "child_deadlines": 0,
     "deferred_children": 0,
     "requests": 0,
+    "splice_held": 0,
+    "splice_pending": 0,
+    "splice_shifts": 0,
 }
 
 
