@@ -16,6 +16,7 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_update_request_as_session", ("self", "session", "update")),
     ("_free_request_blocks", ("self", "request")),
     ("_free_request", ("self", "request", "delay_free_blocks")),
+    ("_free_blocks", ("self", "request")),
     ("_preempt_request", ("self", "request", "timestamp", "drop_stale_output")),
     ("_handle_blocked_waiting_request", ("self", "request")),
     ("finish_requests", ("self", "request_ids", "finished_status")),
@@ -23,6 +24,11 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("update_from_output", ("self", "scheduler_output", "model_runner_output")),
     ("schedule", ("self", "throttle_prefills")),
     ("update_draft_token_ids", ("self", "draft_token_ids")),
+)
+
+#: The KV cache manager's answer a splice join reads (a request's blocks).
+KV_CACHE_MANAGER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("get_block_ids", ("self", "request_id")),
 )
 
 #: Attributes set in Scheduler.__init__ that scheduler.py reads or writes.
@@ -101,7 +107,10 @@ def scheduler_problems() -> list[str]:
     from vllm.v1.engine import EngineCoreOutput
     from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
     found = method_problems(Scheduler, SCHEDULER_METHODS)
+    found += method_problems(KVCacheManager, KV_CACHE_MANAGER_METHODS)
     if not issubclass(AsyncScheduler, Scheduler):
         found.append("AsyncScheduler is no longer a Scheduler subclass")
     init_src = inspect.getsource(Scheduler.__init__)
