@@ -22,3 +22,11 @@ def method_problems(cls: type, methods: tuple[tuple[str, tuple[str, ...]], ...])
         if got != params:
             found.append(f"{cls.__name__}.{name}{got} != expected {params}")
     return found
+
+
+def wrap_method(cls: type, name: str, wrapper, mark: str) -> None:
+    """Replace ``cls.<name>`` by ``wrapper``, which carries ``mark`` (so that
+    it is installed once) and the method it wraps as ``__wrapped__``."""
+    setattr(wrapper, mark, True)
+    wrapper.__wrapped__ = getattr(cls, name)
+    setattr(cls, name, wrapper)

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import inspect
 
-from vllm_seqhooks.engine.vllm_private.common import VllmPrivateAPIError, method_problems
+from vllm_seqhooks.engine.vllm_private.common import (
+    VllmPrivateAPIError,
+    method_problems,
+    wrap_method,
+)
 
 
 #: The frontend's admission path: the per-request params validator that
@@ -65,8 +69,5 @@ def install_request_validator() -> None:
             validator = chain_validators(validator, VLLMValidationError)
         return validator
 
-    setattr(_build_logits_processors_params_validator, _REQUEST_VALIDATOR_MARK, True)
-    _build_logits_processors_params_validator.__wrapped__ = original  # type: ignore[attr-defined]
-    InputProcessor._build_logits_processors_params_validator = (  # type: ignore[method-assign]
-        _build_logits_processors_params_validator
-    )
+    wrap_method(InputProcessor, "_build_logits_processors_params_validator",
+                _build_logits_processors_params_validator, _REQUEST_VALIDATOR_MARK)

@@ -8,7 +8,11 @@ import dataclasses
 import inspect
 import logging
 
-from vllm_seqhooks.engine.vllm_private.common import VllmPrivateAPIError, method_problems
+from vllm_seqhooks.engine.vllm_private.common import (
+    VllmPrivateAPIError,
+    method_problems,
+    wrap_method,
+)
 
 
 #: The V1 model runner (GPU with VLLM_USE_V2_MODEL_RUNNER=0, and the CPU
@@ -131,9 +135,7 @@ def install_family_batch_order() -> bool:
         finally:
             self.__dict__[_BACKEND_MOVED] = len(changes.moved) > ours
 
-    setattr(_may_reorder_batch, _FAMILY_ORDER_MARK, True)
-    _may_reorder_batch.__wrapped__ = original  # type: ignore[attr-defined]
-    GPUModelRunner._may_reorder_batch = _may_reorder_batch  # type: ignore[method-assign]
+    wrap_method(GPUModelRunner, "_may_reorder_batch", _may_reorder_batch, _FAMILY_ORDER_MARK)
     return True
 
 
@@ -144,6 +146,10 @@ def install_family_batch_order() -> bool:
 #: attribute travels with it to in-process and multiprocess workers alike.
 SPLICE_INPUTS_ATTR = "seqhooks_splice_inputs"
 _SPLICE_MARK = "_seqhooks_splice_inputs"
+#: What a runner keeps for splice joins: its caches with their token
+#: layouts, and (V2) the step's position shifts between two calls.
+_KV_CACHES = "_seqhooks_kv_caches"
+_STEP_SHIFTS = "_seqhooks_step_shifts"
 #: What the wrappers below read of each model runner.
 V1_SPLICE_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_prepare_inputs", ("self", "scheduler_output", "num_scheduled_tokens")),
@@ -205,7 +211,7 @@ def copy_kv_slots(caches, copy_from: list[int], copy_to: list[int]) -> None:
 def runner_kv_caches(runner):
     """Each attention layer's cache with its :func:`token_elements` (read
     once per runner, at its first splice join)."""
-    known = runner.__dict__.get(_SPLICE_MARK + "_caches")
+    known = runner.__dict__.get(_KV_CACHES)
     if known is None:
         layers = runner.compilation_config.static_forward_context
         probed: dict = {}
@@ -222,8 +228,19 @@ def runner_kv_caches(runner):
             if key not in probed:
                 probed[key] = token_elements(layer, cache)
             known.append((cache, probed[key]))
-        runner.__dict__[_SPLICE_MARK + "_caches"] = known
+        runner.__dict__[_KV_CACHES] = known
     return known
+
+
+def _copy_kv_for(runner, scheduler_output) -> dict[str, int] | None:
+    """Make a step's KV copies in ``runner``'s caches; the step's position
+    shifts (None: none)."""
+    splice = getattr(scheduler_output, SPLICE_INPUTS_ATTR, None)
+    if splice is None:
+        return None
+    if splice.copy_from:
+        copy_kv_slots(runner_kv_caches(runner), splice.copy_from, splice.copy_to)
+    return splice.position_shift
 
 
 def _shift_positions(positions, index_of, query_start_loc, shifts: dict[str, int]) -> None:
@@ -279,18 +296,14 @@ def install_splice_inputs() -> bool:
         original = GPUModelRunner._prepare_inputs
 
         def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
-            splice = getattr(scheduler_output, SPLICE_INPUTS_ATTR, None)
-            if splice is not None and splice.copy_from:
-                copy_kv_slots(runner_kv_caches(self), splice.copy_from, splice.copy_to)
+            shifts = _copy_kv_for(self, scheduler_output)
             out = original(self, scheduler_output, num_scheduled_tokens)
-            if splice is not None and splice.position_shift:
+            if shifts:
                 _shift_positions(self.positions, self.input_batch.req_id_to_index.get,
-                                 self.query_start_loc.np, splice.position_shift)
+                                 self.query_start_loc.np, shifts)
             return out
 
-        setattr(_prepare_inputs, _SPLICE_MARK, True)
-        _prepare_inputs.__wrapped__ = original  # type: ignore[attr-defined]
-        GPUModelRunner._prepare_inputs = _prepare_inputs  # type: ignore[method-assign]
+        wrap_method(GPUModelRunner, "_prepare_inputs", _prepare_inputs, _SPLICE_MARK)
     return _install_v2_splice_inputs()
 
 
@@ -309,25 +322,19 @@ def _install_v2_splice_inputs() -> bool:
     prepare_inputs, prepare_attn = V2Runner.prepare_inputs, V2Runner.prepare_attn
 
     def wrapped_prepare_inputs(self, scheduler_output, *args, **kwargs):
-        splice = getattr(scheduler_output, SPLICE_INPUTS_ATTR, None)
-        if splice is not None and splice.copy_from:
-            copy_kv_slots(runner_kv_caches(self), splice.copy_from, splice.copy_to)
-        self.__dict__[_SPLICE_MARK] = splice.position_shift if splice is not None else None
+        # (prepare_attn, which computes the slot mappings, is not given it)
+        self.__dict__[_STEP_SHIFTS] = _copy_kv_for(self, scheduler_output)
         return prepare_inputs(self, scheduler_output, *args, **kwargs)
 
     def wrapped_prepare_attn(self, input_batch):
         out = prepare_attn(self, input_batch)
-        shifts = self.__dict__.pop(_SPLICE_MARK, None)
+        shifts = self.__dict__.pop(_STEP_SHIFTS, None)
         if shifts:
             index = {rid: i for i, rid in enumerate(input_batch.req_ids)}
             _shift_positions(input_batch.positions, index.get,
                              input_batch.query_start_loc_np, shifts)
         return out
 
-    for fn, original in ((wrapped_prepare_inputs, prepare_inputs),
-                         (wrapped_prepare_attn, prepare_attn)):
-        setattr(fn, _SPLICE_MARK, True)
-        fn.__wrapped__ = original  # type: ignore[attr-defined]
-    V2Runner.prepare_inputs = wrapped_prepare_inputs  # type: ignore[method-assign]
-    V2Runner.prepare_attn = wrapped_prepare_attn  # type: ignore[method-assign]
+    wrap_method(V2Runner, "prepare_inputs", wrapped_prepare_inputs, _SPLICE_MARK)
+    wrap_method(V2Runner, "prepare_attn", wrapped_prepare_attn, _SPLICE_MARK)
     return True
