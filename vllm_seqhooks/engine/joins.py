@@ -239,11 +239,11 @@ class Joins:
         if splicing.enabled and pieces:
             record = node.joins[-1]
             if all(p.tokens is not None for p in pieces):
-                merged = splicing.merge(st, fork.pos, children, codec.encode(suffix_text))
+                merged, record.fallback = splicing.merge(
+                    st, fork.pos, children, codec.encode(suffix_text))
                 if merged is not None:
                     record.mode = "splice"
                     return fork.pos, merged, children
-                record.fallback = splicing.last_fallback
             else:
                 splicing.give_back(children)
                 record.fallback = "a child failed"

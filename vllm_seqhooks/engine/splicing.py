@@ -63,8 +63,6 @@ class Splicing:
         #: Position shift of each request whose positions run behind its
         #: token indices (after a splice join, and its descendants).
         self.shifts: dict[str, int] = {}
-        #: Why the last join given to :meth:`merge` re-prefilled.
-        self.last_fallback: str | None = None
 
     # ---------------------------------------------------------- children
     def drains(self, child_id: str) -> bool:
@@ -111,12 +109,13 @@ class Splicing:
                 self.sched._free_blocks(request)
 
     # -------------------------------------------------------------- join
-    def merge(self, st, keep: int, children: list[str], suffix: list[int]) -> list[int] | None:
+    def merge(self, st, keep: int, children: list[str],
+              suffix: list[int]) -> tuple[list[int] | None, str | None]:
         """The tokens a parked parent goes on with when it splices
         ``children`` after its first ``keep`` tokens (its fork tag's last
         token, then each path, then ``suffix``), with its copies planned and
-        its shift set; None when the join must re-prefill (the held blocks
-        of the children are then given back)."""
+        its shift set; or None and why the join must re-prefill (the held
+        blocks of the children are then given back)."""
         sched = self.sched
         req = st.request
         rid = req.request_id
@@ -143,9 +142,8 @@ class Splicing:
             reason = "the merge passes max_model_len"
         if reason is not None:
             self.give_back(children)
-            self.last_fallback = reason
             logger.debug("%s joins by re-prefill: %s", rid, reason)
-            return None
+            return None, reason
         indices, sources = [keep], [(paths[0][0], keep)]
         at = context
         for cid, path in paths:
@@ -161,7 +159,7 @@ class Splicing:
         vllm_private.salt_block_hashes(req, _salt(rid))
         sched.metrics.inc("splice_joins", 1)
         sched.metrics.inc("spliced_tokens", len(indices))
-        return merged
+        return merged, None
 
     def computed_after(self, rid: str) -> int | None:
         """How many of a just-spliced parent's tokens count as computed."""
