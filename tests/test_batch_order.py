@@ -298,7 +298,7 @@ def _interleaved(batch: list[str]) -> bool:
     return len(runs) != len(set(runs))
 
 
-def test_v2_runner_batches_keep_families_together(monkeypatch):
+def test_v2_runner_batcheskeep_families_together(monkeypatch):
     grouped = _v2_batches(monkeypatch, "family")
     assert grouped and not any(_interleaved(b) for b in grouped)
     # Control: vLLM's own order interleaves the same workload.
@@ -316,21 +316,20 @@ def test_v2_order_moves_only_the_requests_that_joined():
     does nothing."""
     from types import SimpleNamespace
 
-    from vllm_seqhooks.engine.scheduler import _keep_families_together
+    from vllm_seqhooks.core.batch_order import keep_families_together
 
     def req(rid, arrival):
         return SimpleNamespace(request_id=rid, arrival_time=arrival)
 
-    def output(*new, resumed=()):
-        return SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id=r) for r in new],
-                               scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set(resumed)))
+    def output(*new, resumed=()):  # the requests that joined ``running``
+        return [*new, *resumed]
 
     a, b, c = req("a", 1.0), req("b", 2.0), req("c", 3.0)
     running = _NoSort([a, b, c, req(f"a{M}0", 1.0), req(f"b{M}0", 2.0)])
-    _keep_families_together(running, output(f"a{M}0", resumed=[f"b{M}0"]), True)
+    keep_families_together(running, output(f"a{M}0", resumed=[f"b{M}0"]), True)
     assert [family_of(r.request_id) for r in running] == list("aabbc")
-    _keep_families_together(running, output(), True)  # nothing joined: untouched
+    keep_families_together(running, output(), True)  # nothing joined: untouched
     # Not known to be in order (children just appeared): sorted, stably.
     running = [c, req(f"c{M}0", 3.0), a, b]
-    _keep_families_together(running, output(), False)
+    keep_families_together(running, output(), False)
     assert [r.request_id for r in running] == ["a", "b", "c", f"c{M}0"]

@@ -22,12 +22,14 @@ it or was moved. The V2 model runner has no persistent batch: it orders each
 step's requests as the scheduler output lists them (stably sorted, decodes
 first), so the scheduler keeps its running requests in arrival order (a
 child arrives at its parent's time), moving only those that joined in the
-step (``scheduler._keep_families_together``). No vLLM import here.
+step (:func:`keep_families_together`). No vLLM import here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from bisect import insort
+from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 from vllm_seqhooks.core.request_tree import CHILD_ID_MARKER
 
@@ -89,3 +91,31 @@ def _block_order(families: Sequence[str]) -> list[tuple[str, int]] | None:
         return None
     return [(family, sizes[family])
             for family in sorted(sizes, key=lambda family: longest[family][1])]
+
+
+def keep_families_together(running: list, joined: Iterable[str], in_order: bool) -> None:
+    """Keep ``running`` (requests with ``request_id`` and ``arrival_time``)
+    in arrival order, so that each family (a child arrives at its parent's
+    time) is contiguous in it: the V2 model runner batches the requests in
+    the scheduler output's order, which lists running requests in this
+    order (decodes first, stably). ``in_order``: ``running`` was in arrival
+    order after the last step (vLLM only appends to it and removes from
+    it); then only the requests that ``joined`` it this step (vLLM appended
+    them) move, each to its family's place, and a step with none costs
+    nothing. Otherwise it is sorted (stable)."""
+    joined = list(joined)
+    if not in_order or len(joined) > len(running):
+        running.sort(key=_ARRIVAL)
+        return
+    if not joined:
+        return
+    tail = running[-len(joined):]
+    if {r.request_id for r in tail} != set(joined):
+        running.sort(key=_ARRIVAL)
+        return
+    del running[-len(joined):]
+    for request in tail:
+        insort(running, request, key=_ARRIVAL)
+
+
+_ARRIVAL = attrgetter("arrival_time")

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import logging
 import os
-from bisect import insort
 from collections import deque
 from itertools import chain
-from operator import attrgetter
 from typing import Any, Iterable
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -40,6 +38,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY, SpecialKwargs
+from vllm_seqhooks.core.batch_order import keep_families_together
 from vllm_seqhooks.core.request_tree import ABORTED, FAILED
 from vllm_seqhooks.engine import WORKER_EXTENSION_CLASS_PATH, patches, vllm_private
 from vllm_seqhooks.engine.accounting import Accounting
@@ -226,7 +225,9 @@ class SeqHooksMixin:
             # Without children every family is one request: nothing to keep
             # together, and vLLM's order stays as it is.
             if fj.children:
-                _keep_families_together(self.running, out, self._running_in_arrival_order)
+                joined = [d.req_id for d in out.scheduled_new_reqs]
+                joined += out.scheduled_cached_reqs.resumed_req_ids
+                keep_families_together(self.running, joined, self._running_in_arrival_order)
             self._running_in_arrival_order = bool(fj.children)
         return out
 
@@ -269,9 +270,7 @@ class SeqHooksMixin:
         """A step with hook work: cut, append (vLLM), charge, scan, apply."""
         request = st.request
         if st.draining:  # its end tag's KV is computed now: it ends there
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.stop_reason = self.hooks.child_end_tag
-            st.ended_by_tag = True
+            self._end_at_tag(st)
             self._finish_or_park(st)
             return [], True
         # 1. Cut what the request may not keep: tokens after a tag that
@@ -319,6 +318,12 @@ class SeqHooksMixin:
             self._finish_or_park(st)
         return new_token_ids, stopped
 
+    def _end_at_tag(self, st: HookState) -> None:
+        """A tag format's child finishes at its end tag, kept in its output."""
+        st.request.status = RequestStatus.FINISHED_STOPPED
+        st.request.stop_reason = self.hooks.child_end_tag
+        st.ended_by_tag = True
+
     def _apply_events(self, st: HookState, events: list, stopped: bool) -> tuple[bool, bool]:
         """Apply the scanner's ``events`` of a step: spawn children, park at
         a ``<sync>`` or fork tag, end a child at its end tag.
@@ -340,9 +345,7 @@ class SeqHooksMixin:
             elif isinstance(ev, EndTagReached) and not stopped:
                 # A child's end tag (the step's last token, see speculative):
                 # it finishes here, the tag kept in its output.
-                request.status = RequestStatus.FINISHED_STOPPED
-                request.stop_reason = self.hooks.child_end_tag
-                st.ended_by_tag = True
+                self._end_at_tag(st)
                 return False, True
             if (isinstance(ev, (SyncReached, ForkReached))
                     and tree.has_open_children(request.request_id)):
@@ -464,34 +467,6 @@ def _model_name(model_config) -> str:
     if isinstance(name, (list, tuple)):
         name = name[0]
     return str(name or model_config.model)
-
-
-def _keep_families_together(running: list[Request], out, in_order: bool) -> None:
-    """Keep ``running`` in arrival order, so that each family (a child
-    arrives at its parent's time) is contiguous in it: the V2 model runner
-    batches the requests in the scheduler output's order, which lists
-    running requests in this order (decodes first, stably). ``in_order``:
-    ``running`` was in arrival order after the last step (vLLM only
-    appends to it and removes from it); then only the requests that joined
-    it this step (vLLM appended them) move, each to its family's place, and
-    a step with none costs nothing. Otherwise it is sorted (stable)."""
-    joined = [d.req_id for d in out.scheduled_new_reqs]
-    joined += out.scheduled_cached_reqs.resumed_req_ids
-    if not in_order or len(joined) > len(running):
-        running.sort(key=_ARRIVAL)
-        return
-    if not joined:
-        return
-    tail = running[-len(joined):]
-    if {r.request_id for r in tail} != set(joined):
-        running.sort(key=_ARRIVAL)
-        return
-    del running[-len(joined):]
-    for request in tail:
-        insort(running, request, key=_ARRIVAL)
-
-
-_ARRIVAL = attrgetter("arrival_time")
 
 
 class SeqHooksSyncScheduler(SeqHooksMixin, Scheduler):
