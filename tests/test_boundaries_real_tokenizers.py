@@ -93,8 +93,10 @@ def _through(codec: TextCodec, ids: list[int], tag: str) -> list[int]:
 
 
 def _hooks(tok, name: str, **overrides) -> SpecialKwargs:
+    """Boundaries re-tokenized as text, which only a re-prefill join can do
+    (the text loop this file compares with re-prefills too)."""
     spec = {"format": name, "max_child_depth": 1, "fork_min_tokens": None,
-            "boundary_tokenization": "text", **overrides}
+            "boundary_tokenization": "text", "join": "reprefill", **overrides}
     return SpecialKwargs(**expand(spec)).resolve(tok)
 
 

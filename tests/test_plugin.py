@@ -154,7 +154,8 @@ def test_bad_limit_flags_exit_with_a_clear_message(tiny_model_dir, capsys, monke
 
 
 @pytest.mark.parametrize("name", ["threadweaver", "multiverse", "npr", "parallel-r1"])
-def test_seqhooks_format_flag_and_tag_overrides(tiny_model_dir, monkeypatch, tmp_path, name):
+def test_seqhooks_format_flag_and_tag_overrides(tiny_model_dir, monkeypatch, tmp_path, name,
+                                                capsys):
     """``vllm serve MODEL --seqhooks NAME``: the preset; the tag flags
     override its fields."""
     from vllm_seqhooks import SpecialKwargs
@@ -166,8 +167,15 @@ def test_seqhooks_format_flag_and_tag_overrides(tiny_model_dir, monkeypatch, tmp
     got = SpecialKwargs.from_additional_config(ns.additional_config)
     assert got.tag_format == SpecialKwargs(**expand(name)).tag_format
     assert ns.scheduler_cls == "vllm_seqhooks.engine.scheduler.SeqHooksScheduler"
-    ns = serve_parser().parse_args([tiny_model_dir, "--seqhooks", name, "--merge-suffix", "\n",
-                                    "--fork-min-tokens", "7", "--child-eos-text", "</X>"])
+    overrides = ["--merge-suffix", "\n", "--fork-min-tokens", "7", "--child-eos-text", "</X>"]
+    if got.join == "splice":
+        # A path may not get engine-added text under a splice join: refused,
+        # naming the way out.
+        with pytest.raises(SystemExit):
+            serve_parser().parse_args([tiny_model_dir, "--seqhooks", name, *overrides])
+        assert "--join='reprefill'" in capsys.readouterr().err
+        overrides += ["--join", "reprefill"]
+    ns = serve_parser().parse_args([tiny_model_dir, "--seqhooks", name, *overrides])
     got = SpecialKwargs.from_additional_config(ns.additional_config)
     assert (got.merge_suffix, got.fork_min_tokens, got.child_eos_text) == ("\n", 7, "</X>")
 

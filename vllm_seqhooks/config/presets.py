@@ -60,6 +60,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_child_depth": 5,
         "fork_min_tokens": 30,
         "boundary_tokenization": "ids",
+        "join": "splice",
     },
     "npr": {
         "fork_tag": "</guideline>",
@@ -73,6 +74,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_child_depth": 5,
         "fork_min_tokens": 1024,
         "boundary_tokenization": "ids",
+        "join": "splice",
     },
     "parallel-r1": {
         "fork_tag": "<Parallel>",

@@ -25,6 +25,8 @@ CHILD_CONTEXTS = ("fork", "payload")
 MERGE_STRATEGIES = ("concatenate", "none")
 BATCH_ORDERS = ("family", "arrival")
 JOIN_MODES = ("reprefill", "splice")
+#: Said by a refused splice setting: the other join takes any format.
+_REPREFILL_HINT = "; or set join='reprefill' (multiverse and npr default to splice)"
 PAYLOAD_PLACEHOLDER = "{payload}"
 HOOK_TOKENS = ("sync", "promise", "promise_end")
 
@@ -182,14 +184,14 @@ class SpecialKwargs:
             raise SpecialKwargsError(
                 f"join='splice' needs child_eos_text='' (got {fmt.eos_text!r}): text the "
                 "engine adds to a path that ended without its end tag would have to be "
-                "computed inside the path")
+                f"computed inside the path{_REPREFILL_HINT}")
         if fmt.boundary_tokenization != "ids":
             raise SpecialKwargsError(
                 "join='splice' needs boundary_tokenization='ids': a child's prompt must "
-                "start with its parent's tokens as they are")
+                f"start with its parent's tokens as they are{_REPREFILL_HINT}")
         if fmt.unclosed_child_stop_text is not None:
             raise SpecialKwargsError(
-                "join='splice' cannot end a parent with unclosed_child_stop_text")
+                f"join='splice' cannot end a parent with unclosed_child_stop_text{_REPREFILL_HINT}")
 
     @functools.cached_property
     def tag_format(self):
