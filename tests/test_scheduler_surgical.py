@@ -45,7 +45,7 @@ ZERO_STATE = {
     "requests": 0,
     "splice_held": 0,
     "splice_pending": 0,
-    "splice_shifts": 0,
+    "splice_maps": 0,
 }
 
 

@@ -44,7 +44,7 @@ def test_copy_kv_slots_moves_each_token_where_the_backend_keeps_it():
 
 def test_splice_inputs_pair_their_copies():
     assert not SpliceInputs()
-    assert SpliceInputs(position_shift={"r": 3})
+    assert SpliceInputs(position_shift={"r": ((0, 3),)})
     with pytest.raises(ValueError, match="2 slots to copy from, 1 to copy to"):
         SpliceInputs(copy_from=[1, 2], copy_to=[3])
 
@@ -68,3 +68,17 @@ def test_positions_shift_as_the_scheduler_asks(mode, tiny_model_dir):
     for prompt, tokens in zip(prompts, res["tokens"]):
         assert tokens == splice_oracle.greedy_shifted(model, prompt, 12, shift)
         assert tokens != splice_oracle.greedy_causal(model, prompt, 12)  # the shift mattered
+
+
+def test_step_runs_shift_their_part_of_a_requests_slice():
+    """Runs shift each part of a request's tokens in the step by their own
+    shift (a request recomputing spliced paths has several)."""
+    import torch
+
+    from vllm_seqhooks.engine.vllm_private.runner import _shift_positions
+
+    positions = torch.arange(12)
+    # Two requests: "a" tokens 0..4 of the step, "b" tokens 5..11.
+    _shift_positions(positions, {"a": 0, "b": 1}.get, [0, 5, 12],
+                     {"b": ((0, 0), (2, -3), (5, -4)), "gone": ((0, 9),)})
+    assert positions.tolist() == [0, 1, 2, 3, 4, 5, 6, 4, 5, 6, 6, 7]

@@ -83,3 +83,31 @@ def test_nested_splice_joins_equal_the_oracle(tiny_model_dir):
     for family, check in zip(run["families"], checks):
         assert family["modes"] == ["splice"] and family["inner"]["modes"] == ["splice"]
         assert check["got"] == check["splice"]
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False], ids=["prefix_cache", "no_prefix_cache"])
+def test_a_parent_that_forks_again_after_a_splice_join(prefix_caching, tiny_model_dir):
+    """After its first splice join each parent writes on and forks 2-3
+    children again: they start from its context, spliced paths included,
+    at its positions. Where a child found its context in the prefix cache
+    (or computed only tokens after the spliced paths) the parent's tokens
+    after its second join equal the oracle; a child that computed tokens
+    of a spliced path again (without the prefix cache every one does)
+    could only do it with causal attention: counted and traced, at the
+    right positions."""
+    run = _run(MODES[0], tiny_model_dir, seed=11, twice=True, free=40,
+               enable_prefix_caching=prefix_caching)
+    _assert_clean(run)
+    assert run["stats"]["splice_joins"] == 2 * FAMILIES
+    assert run["stats"]["splice_fallbacks"] == 0
+    families = run["families"]
+    recomputed = [f["recomputed"] for f in families]
+    assert run["stats"]["splice_recomputed_tokens"] == sum(recomputed)
+    checks = splice_families.oracle_check(tiny_model_dir, run, compare=16)
+    exact = [c["got"] == c["splice"] for c in checks]
+    if prefix_caching:
+        assert sum(1 for r in recomputed if not r) >= FAMILIES // 2
+        assert all(ok for ok, r in zip(exact, recomputed) if not r)
+    else:
+        several = [f for f in families if len(f["children"]) - f["second"] > 1]
+        assert several and all(f["recomputed"] for f in several)

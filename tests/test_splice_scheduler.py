@@ -48,10 +48,10 @@ def test_the_join_copies_the_paths_and_prefills_the_suffix(async_sched):
     assert len(splice.copy_from) == len(splice.copy_to) == 1 + sum(paths)  # fork tag + paths
     assert len(set(splice.copy_to)) == len(splice.copy_to)
     shift = max(paths) - sum(paths)
-    assert splice.position_shift == {"r": shift}
+    assert splice.position_shift == {"r": ((0, shift),)}
     # Every later step of the parent carries its shift.
     later = [si for n, si in sent[sent.index((scheduled, splice)) + 1:] if "r" in n]
-    assert later and all(si is not None and si.position_shift == {"r": shift} for si in later)
+    assert later and all(si is not None and si.position_shift == {"r": ((0, shift),)} for si in later)
     stats = h.sched.hook_stats
     assert (stats["splice_joins"], stats["spliced_tokens"], stats["splice_fallbacks"]) == (
         1, 1 + sum(paths), 0)

@@ -74,6 +74,8 @@ class HookNode:
     output_tokens: list[int] | None = None
     #: Tokens the request sampled itself (its output minus merged tokens).
     sampled_tokens: int | None = None
+    #: Tokens of spliced paths it computed again with causal attention.
+    splice_recomputed_tokens: int = 0
     finish_reason: str | None = None
     children: list[str] = field(default_factory=list)
     #: Children spawned since the last join (in promise order).

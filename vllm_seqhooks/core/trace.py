@@ -63,6 +63,8 @@ def build_trace(
             }
             for j in node.joins
         ]
+        if node.splice_recomputed_tokens:
+            out["splice_recomputed_tokens"] = node.splice_recomputed_tokens
         if node.ignored_promises:
             out["ignored_promises"] = list(node.ignored_promises)
         out["children"] = [one(by_id[c]) for c in node.children if c in by_id]

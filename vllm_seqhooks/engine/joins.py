@@ -279,7 +279,7 @@ class Joins:
             prompt_token_ids=[*uncomputed, *merged],
             max_tokens=remaining,
             arrival_time=req.arrival_time,
-            sampling_params=_resumed_params(st, remaining, sched.splicing.shifts.get(rid, 0)),
+            sampling_params=_resumed_params(st, remaining, sched.splicing.final_shift(rid)),
         )
         sampled = st.sampled
         sched._update_request_as_session(req, update)  # (a new segment)

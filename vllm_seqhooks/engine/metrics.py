@@ -53,7 +53,8 @@ COUNTERS = {
     "splice_joins": "Joins that took the children's KV (join='splice') instead of prefilling their outputs.",
     "spliced_tokens": "Tokens whose KV parents took from their children at splice joins.",
     "splice_fallbacks": "Splice joins done by re-prefill because a path's KV was not all there.",
-    "splice_recomputes": "Requests with spliced KV that vLLM preempted: recomputed as one causal sequence.",
+    "splice_recomputes": "Requests holding spliced KV that vLLM preempted (recomputed at their positions; see splice_recomputed_tokens).",
+    "splice_recomputed_tokens": "Tokens of spliced paths computed again with causal attention (a later path then sees an earlier one): their blocks were gone from the prefix cache.",
 }
 #: outcome label values of vllm:seqhooks_children_ended_total
 OUTCOMES = ("finished", "failed", "aborted")

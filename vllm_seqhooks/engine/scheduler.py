@@ -217,7 +217,7 @@ class SeqHooksMixin:
                 self.num_waiting_for_streaming_input += parked
             if fj.held_this_step:
                 fj.held_this_step.clear()
-        if self.splicing.shifts or self.splicing.pending:
+        if self.splicing.maps or self.splicing.pending:
             self.splicing.attach(out)
         if fj.accounting or fj.children:
             self.accounting.count(out)
@@ -238,9 +238,10 @@ class SeqHooksMixin:
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any):
         self.metrics.inc("preemptions", 1)
-        if request.request_id in self.splicing.shifts:
-            # Recomputed from its tokens with causal attention: its paths no
-            # longer isolated (its uniform shift changes nothing).
+        if request.request_id in self.splicing.maps:
+            # Recomputed from its tokens, at its positions: what the prefix
+            # cache no longer holds of its spliced paths is counted when
+            # computed again (splice_recomputed_tokens).
             self.metrics.inc("splice_recomputes", 1)
         out = super()._preempt_request(request, *args, **kwargs)
         if request.request_id in self.fork_join.children:

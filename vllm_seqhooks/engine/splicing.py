@@ -15,8 +15,12 @@ children computed instead of prefilling their outputs again
   (:class:`~vllm_seqhooks.core.splice_inputs.SpliceInputs`, carried out by
   the workers before that step's forward pass).
 - The parent then holds more tokens than positions: its positions run
-  behind its indices by ``shifts[rid]``, sent with every step it is
-  scheduled in; its children inherit it. Its block hashes are salted from
+  behind its indices as ``maps[rid]`` says (:class:`SpliceMap`), whose
+  shifts for the tokens it computes go with every step it is scheduled in,
+  whether it computes them for the first time or again; its children
+  inherit it. Tokens of a spliced path computed again (a preempted request
+  or a child whose blocks were not in the prefix cache) are computed with
+  causal attention: counted (``splice_recomputed_tokens``) and traced. Its block hashes are salted from
   the join on, so its spliced blocks are never served from the prefix cache
   to a request whose attention differs (its own later children share them
   through ``share_block_hashes``).
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.core.splice_inputs import SpliceInputs
+from vllm_seqhooks.core.splice_map import SpliceMap, SplicePath
 from vllm_seqhooks.engine import vllm_private
 
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -54,15 +59,15 @@ class Splicing:
         self.sched = sched
         self.enabled = sched.hooks.join == "splice"
         #: Finished children whose blocks their parent has not taken yet,
-        #: and the shift each ended with (a path that forked in turn spans
+        #: and the map each ended with (a path that forked in turn spans
         #: fewer positions than tokens).
         self.held: dict[str, Request] = {}
-        self.held_shifts: dict[str, int] = {}
+        self.held_maps: dict[str, SpliceMap] = {}
         #: Parents whose copies go with their next scheduled step.
         self.pending: dict[str, _Copies] = {}
-        #: Position shift of each request whose positions run behind its
-        #: token indices (after a splice join, and its descendants).
-        self.shifts: dict[str, int] = {}
+        #: The map of each request whose positions run behind its token
+        #: indices (after a splice join, and its descendants).
+        self.maps: dict[str, SpliceMap] = {}
 
     # ---------------------------------------------------------- children
     def drains(self, child_id: str) -> bool:
@@ -75,18 +80,23 @@ class Splicing:
                 or request.status != RequestStatus.FINISHED_STOPPED):
             return False
         self.held[request.request_id] = request
-        self.held_shifts[request.request_id] = self.shifts.get(request.request_id, 0)
+        self.held_maps[request.request_id] = self.maps.get(request.request_id, SpliceMap())
         return True
 
     def inherit(self, parent_id: str, child_id: str) -> None:
-        shift = self.shifts.get(parent_id)
-        if shift:
-            self.shifts[child_id] = shift
+        parent = self.maps.get(parent_id)
+        if parent:
+            self.maps[child_id] = parent
+
+    def final_shift(self, request_id: str) -> int:
+        """How far the positions of a request's next tokens run behind."""
+        found = self.maps.get(request_id)
+        return found.final if found is not None else 0
 
     def forget(self, request_id: str) -> None:
         """A request is freed: its shift goes, and the blocks held for it
         (a parent that ended before its join step)."""
-        self.shifts.pop(request_id, None)
+        self.maps.pop(request_id, None)
         copies = self.pending.pop(request_id, None)
         if copies is not None:
             self._release(copies.children)
@@ -104,7 +114,7 @@ class Splicing:
     def _release(self, child_ids) -> None:
         for cid in child_ids:
             request = self.held.pop(cid, None)
-            self.held_shifts.pop(cid, None)
+            self.held_maps.pop(cid, None)
             if request is not None:
                 self.sched._free_blocks(request)
 
@@ -151,11 +161,13 @@ class Splicing:
             sources += [(cid, context + j) for j in range(len(path))]
             at += len(path)
         self.pending[rid] = _Copies(indices, sources, list(children))
-        old = self.shifts.get(rid, 0)
-        longest = max(len(p) + self.held_shifts.get(cid, 0) - old for cid, p in paths)
-        shift = old + longest - sum(len(p) for _, p in paths)
-        if shift:
-            self.shifts[rid] = shift
+        laid, at = [], context
+        for cid, path in paths:
+            laid.append(SplicePath(at, len(path), self.held_maps.get(cid, SpliceMap())))
+            at += len(path)
+        joined = self.maps.get(rid, SpliceMap()).after_join(context, laid)
+        if joined:
+            self.maps[rid] = joined
         vllm_private.salt_block_hashes(req, _salt(rid))
         sched.metrics.inc("splice_joins", 1)
         sched.metrics.inc("spliced_tokens", len(indices))
@@ -170,7 +182,7 @@ class Splicing:
     def attach(self, out) -> None:
         """Give a scheduled step its KV copies and position shifts."""
         scheduled = out.num_scheduled_tokens
-        shifts = {rid: s for rid, s in self.shifts.items() if rid in scheduled}
+        shifts = self._step_shifts(scheduled)
         copy_from: list[int] = []
         copy_to: list[int] = []
         done = [rid for rid in self.pending if rid in scheduled]
@@ -185,15 +197,42 @@ class Splicing:
             setattr(out, vllm_private.SPLICE_INPUTS_ATTR,
                     SpliceInputs(copy_from, copy_to, shifts))
 
+    def _step_shifts(self, scheduled: dict[str, int]) -> dict[str, tuple]:
+        """The shifts of the tokens each request with a map computes in a
+        step just scheduled (vLLM counted them computed already); tokens of
+        spliced paths computed again are counted and traced."""
+        shifts = {}
+        requests = self.sched.requests
+        for rid, smap in self.maps.items():
+            count = scheduled.get(rid)
+            if count is None:
+                continue
+            first = requests[rid].num_computed_tokens - count
+            runs = smap.step_runs(first, count)
+            if runs:
+                shifts[rid] = runs
+            again = smap.isolated_among(first, count)
+            if again:
+                self._recomputed(rid, again)
+        return shifts
+
+    def _recomputed(self, rid: str, tokens: int) -> None:
+        node = self.sched.fork_join.tree.get(rid)
+        if node is not None:
+            node.splice_recomputed_tokens += tokens
+        self.sched.metrics.inc("splice_recomputed_tokens", tokens)
+        logger.info("%s computes %d tokens of spliced paths again, with causal attention "
+                    "(their KV blocks were gone from the prefix cache)", rid, tokens)
+
     def _slots(self, rid: str):
         (blocks,) = self.sched.kv_cache_manager.get_block_ids(rid)
         size = self.sched.block_size
         return lambda index: blocks[index // size] * size + index % size
 
     def sizes(self) -> dict[str, int]:
-        return {"splice_held": len(self.held) + len(self.held_shifts),
+        return {"splice_held": len(self.held) + len(self.held_maps),
                 "splice_pending": len(self.pending),
-                "splice_shifts": len(self.shifts)}
+                "splice_maps": len(self.maps)}
 
 
 def _salt(request_id: str) -> bytes:

@@ -16,11 +16,14 @@ LEAD_HEADER = "\n<Path>\n{n}:"
 SUFFIX = "\n<Conclusion>\n"
 
 
-def family_scripts(rng: random.Random, nested: bool = False) -> dict[str, Any]:
+def family_scripts(rng: random.Random, nested: bool = False,
+                   twice: bool = False) -> dict[str, Any]:
     """A prompt, the parent's text up to its fork, and 1-4 children of
     unequal length, some ending at ``</Path>``, some at EOS. ``nested``:
     child 0 forks 1-3 children of its own, then goes on and ends at
-    ``</Path>`` (``inner``: its text up to its fork, and after its join)."""
+    ``</Path>`` (``inner``: its text up to its fork, and after its join).
+    ``twice``: after its join the parent writes ``mid`` and forks 2-3
+    children again (``second``: how many)."""
     k = rng.randint(2 if nested else 1, 4)
     words = lambda lo, hi: "".join(rng.choice(LETTERS) for _ in range(rng.randint(lo, hi)))
     goal = lambda n: "<Parallel>\n<Goal>\n" + "".join(
@@ -34,12 +37,20 @@ def family_scripts(rng: random.Random, nested: bool = False) -> dict[str, Any]:
                  "after": words(1, 4) + "</Conclusion>\n</Parallel>\n" + words(1, 4) + "</Path>"}
         children["0"] = inner["before"] + inner["after"]
         children.update({f"0.{j}": words(1, 12) + "</Path>" for j in range(m)})
-    return {"prompt": words(3, 90), "before": goal(k), "children": children, "inner": inner}
+    before = first = goal(k)
+    second, mid = 0, None
+    if twice:
+        second = rng.randint(2, 3)
+        mid = words(1, 50) + "</Conclusion>\n</Parallel>\n"
+        before += mid + goal(second)
+        children.update({str(k + j): words(1, 16) + "</Path>" for j in range(second)})
+    return {"prompt": words(3, 90), "before": before, "children": children, "inner": inner,
+            "second": second, "first": first}
 
 
 def run_families(model: str, seed: int, families: int, block_size: int = 32,
                  join: str = "splice", free: int = 24, nested: bool = False,
-                 **engine_kwargs: Any) -> dict:
+                 twice: bool = False, **engine_kwargs: Any) -> dict:
     """Run ``families`` random families in one batch; return, per family,
     the prompt and output ids, the children's outputs (from the trace) and
     the joins' modes, and the engine's splice counters."""
@@ -57,7 +68,7 @@ def run_families(model: str, seed: int, families: int, block_size: int = 32,
                                        **engine_kwargs))
     S = Scripts(llm.get_tokenizer())
     rng = random.Random(seed)
-    scripts = [family_scripts(rng, nested) for _ in range(families)]
+    scripts = [family_scripts(rng, nested, twice) for _ in range(families)]
     prompts = [{"prompt_token_ids": S(s["prompt"])} for s in scripts]
     params = [S.params(s["before"], s["children"], end="free", child_end="eos",
                        max_tokens=len(S(s["before"])) + free) for s in scripts]
@@ -77,6 +88,8 @@ def run_families(model: str, seed: int, families: int, block_size: int = 32,
                 "children": [list(c["output_token_ids"]) for c in trace["children"][0]["children"]],
                 "modes": [j.get("mode") for j in trace["children"][0]["joins"]]},
             "modes": [j.get("mode") for j in trace["joins"]],
+            "second": s["second"], "first": S(s["first"]),
+            "recomputed": sum(c.get("splice_recomputed_tokens", 0) for c in trace["children"]),
             "prefilled": [j["prefilled_tokens"] for j in trace["joins"]],
         })
     sched = scheduler_of(llm)
@@ -96,12 +109,16 @@ def oracle_check(model_dir: str, run: dict, compare: int | None = None) -> list[
     model = splice_oracle.load(model_dir)
     checks = []
     for fam in run["families"]:
-        fork = len(fam["prompt"]) + len(fam["before"])
         lead = run["lead_header"]
-        paths = [len(lead[i]) + len(c) for i, c in enumerate(fam["children"])]
+        second = fam["second"]  # children of a second fork, after the first join
+        first = len(fam["children"]) - second
+        fork = len(fam["prompt"]) + len(fam["first"])
+        paths = [len(lead[i]) + len(c) for i, c in enumerate(fam["children"][:first])]
+        paths2 = [len(lead[j]) + len(c) for j, c in enumerate(fam["children"][first:])]
         suffix = len(run["suffix"])
+        between = len(fam["before"]) - len(fam["first"])  # to the second fork
         ids = fam["prompt"] + fam["output"]
-        cut = fork + sum(paths) + suffix
+        cut = fork + sum(paths) + suffix + between + sum(paths2) + (suffix if second else 0)
         got = ids[cut:][:compare]
         layouts = [(n,) for n in paths]
         inner = fam["inner"]
@@ -112,6 +129,9 @@ def oracle_check(model_dir: str, run: dict, compare: int | None = None) -> list[
                           suffix + len(inner["after"]))
             assert sum(layouts[0][::2]) + sum(inner_paths) == paths[0]
         layout = (fork, Parallel(tuple(layouts)), suffix)
+        if second:
+            layout = (*layout[:2], suffix + between, Parallel(tuple((n,) for n in paths2)),
+                      suffix)
         checks.append({
             "got": got,
             "splice": splice_oracle.greedy_after_join(model, ids[:cut], layout, len(got)),

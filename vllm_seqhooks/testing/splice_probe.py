@@ -31,7 +31,7 @@ def _shifting(base: type) -> type:
                         >= self.requests[rid].num_prompt_tokens]
             if shift and decoding:
                 setattr(out, SPLICE_INPUTS_ATTR, SpliceInputs(
-                    position_shift={rid: shift for rid in decoding}))
+                    position_shift={rid: ((0, shift),) for rid in decoding}))
             return out
 
     return Shifting

@@ -232,7 +232,7 @@ def runner_kv_caches(runner):
     return known
 
 
-def _copy_kv_for(runner, scheduler_output) -> dict[str, int] | None:
+def _copy_kv_for(runner, scheduler_output) -> dict | None:
     """Make a step's KV copies in ``runner``'s caches; the step's position
     shifts (None: none)."""
     splice = getattr(scheduler_output, SPLICE_INPUTS_ATTR, None)
@@ -243,11 +243,18 @@ def _copy_kv_for(runner, scheduler_output) -> dict[str, int] | None:
     return splice.position_shift
 
 
-def _shift_positions(positions, index_of, query_start_loc, shifts: dict[str, int]) -> None:
-    for rid, shift in shifts.items():
+def _shift_positions(positions, index_of, query_start_loc, shifts: dict) -> None:
+    """Add each request's step runs (SpliceInputs.position_shift) to its
+    slice of the step's positions."""
+    for rid, runs in shifts.items():
         i = index_of(rid)
-        if i is not None:
-            positions[int(query_start_loc[i]):int(query_start_loc[i + 1])] += shift
+        if i is None:
+            continue
+        start, end = int(query_start_loc[i]), int(query_start_loc[i + 1])
+        for k, (offset, shift) in enumerate(runs):
+            stop = start + runs[k + 1][0] if k + 1 < len(runs) else end
+            if shift:
+                positions[start + offset:stop] += shift
 
 
 def splice_problems() -> list[str]:
