@@ -108,3 +108,28 @@ def test_memory(smoke):
     assert m["ample"]["native"]["peak_parked_blocks"] > 0
     assert m["tight"]["native"]["kv_blocks"] < m["ample"]["native"]["peak_blocks_in_use"]
     assert m["tight"]["native"]["peak_blocks_in_use"] <= m["tight"]["native"]["kv_blocks"]
+
+
+def test_splice_benchmark(tmp_path):
+    """``python -m benchmarks.splice --smoke``: every join gives the same
+    tokens; with room for every family a splice join prefills only the
+    suffix and computes fewer tokens than a re-prefill join or the client
+    loop (which compute the same), never fewer than the minimum."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.splice", "--smoke", "--out", str(tmp_path),
+         "--cache-dir", str(tmp_path / "models")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads((tmp_path / "splice.json").read_text())
+    rows = {row["workload"]: row for row in result["rows"]}
+    assert set(rows) == {"forkjoin", "kv_pressure"}
+    assert all(row["same_tokens"] for row in rows.values())
+    ample = rows["forkjoin"]
+    splice, reprefill, loop = ample["splice"], ample["reprefill"], ample["loop"]
+    assert splice["splice_fallbacks"] == 0
+    suffix = len("\n<Conclusion>\n")  # the tiny model's tokenizer: a token per character
+    assert splice["join_prefill_tokens"] == suffix * result["size"]["batch"]
+    assert splice["minimum_tokens"] <= splice["computed_tokens"] < reprefill["computed_tokens"]
+    assert reprefill["computed_tokens"] == loop["computed_tokens"]
+    assert (tmp_path / "splice.md").read_text().count("| splice |") == 2
