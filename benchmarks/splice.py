@@ -16,8 +16,9 @@ one process, interleaved, order rotated:
 * ``loop``: :class:`~vllm_seqhooks.loops.format_loop.FormatLoop` over a
   stock ``vllm.LLM`` (stop at the fork tag, run the children, re-submit the
   parent with the merged text);
-* ``splice-aa``: ``splice`` again, on the same engine (the A/A control: its
-  time ratio to ``splice`` is the noise).
+* ``splice-aa``: ``splice`` again, on the same engine and a batch of the
+  same shape with other prompts (the A/A control: its time ratio to
+  ``splice`` is the noise; same prompts would find them in the prefix cache).
 
 Two workloads: ``forkjoin`` (KV cache for every family at once) and
 ``kv_pressure`` (KV cache for a fraction of them). Every engine is probed
@@ -134,13 +135,14 @@ def run_workload(name: str, model: str, size: dict[str, Any], kv_tokens: int) ->
     warm = workload(SIZES["smoke"], S, seed=999)
     for config in CONFIGS:
         run_one(config, made[config], probes[config], *warm)
-    batches = [workload(size, S, seed=r) for r in range(size["repeats"])]
+    batches = {config: [workload(size, S, seed=1000 + r if config == "splice-aa" else r)
+                        for r in range(size["repeats"])] for config in CONFIGS}
     results = interleaved(CONFIGS, size["repeats"],
                           lambda config, r: run_one(config, made[config], probes[config],
-                                                    *batches[r]),
+                                                    *batches[config][r]),
                           log=lambda m: print(f"  {name}: {m}", flush=True))
     same = all(results["splice"][r]["outputs"] == results[c][r]["outputs"]
-               for c in CONFIGS for r in range(size["repeats"]))
+               for c in ("reprefill", "loop") for r in range(size["repeats"]))
     for config in ("splice", "reprefill", "loop"):
         close_engine(made[config])
     row: dict[str, Any] = {"workload": name, "kv_tokens": kv_tokens, "same_tokens": same}
