@@ -126,5 +126,91 @@ def test_promise_preset_equals_its_client_loop(tiny_model_dir, in_process, stock
         assert S.text(out.outputs[0].token_ids) == (
             "ab<promise>xy</promise><promise>zw</promise>c<sync>AAA,BBBBdone</s>")
         assert list(out.outputs[0].token_ids) == res.token_ids
+    # Training rows: each child's tokens under its node, the separator
+    # inserted, the parent's own tokens (its EOS included) sampled.
+    from vllm_seqhooks import rollout
+
+    (row,) = rollout.training_rows(outs[0])
+    by = lambda key, m: S.text([t for t, n, k in zip(  # noqa: E731
+        row["response_ids"], row["node_ids"], row["response_mask"]) if n == key and k == m])
+    assert (by("0", 1), by("1", 1), by("", 0)) == ("AAA", "BBBB", ",")
+    assert by("", 1) == "ab<promise>xy</promise><promise>zw</promise>c<sync>done</s>"
+    assert row["position_ids"] == list(range(len(row["prompt_ids"]) + len(row["response_ids"])))
     del llm
     gc.collect()
+
+
+class _RecordingLLM:
+    """A stock ``vllm.LLM`` that notes every sequence it was asked to
+    continue and what it sampled: the calls of a client loop."""
+
+    def __init__(self, llm) -> None:
+        self.llm = llm
+        self.calls: list[tuple[list[int], list[int]]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.llm, name)
+
+    def generate(self, prompts, params, **kwargs):
+        outs = self.llm.generate(prompts, params, **kwargs)
+        self.calls += [(list(o.prompt_token_ids), list(o.outputs[0].token_ids)) for o in outs]
+        return outs
+
+
+def test_rollout_rows_are_the_loops_own_calls(native, stock):
+    """``vllm_seqhooks.rollout`` on a native output against the format's
+    loop over stock vLLM (ThreadWeaver's agent loop makes one training row
+    per engine call: the exact tokens the call was given, what it
+    sampled): ``per_call_rows`` gives those rows; ``training_rows`` masks
+    exactly the tokens some call sampled, each under the node whose call
+    sampled it, and leaves the inserted ones out."""
+    from vllm_seqhooks import rollout
+    from vllm_seqhooks.loops.format_loop import FormatLoop
+    from vllm_seqhooks.testing.forkjoin import Scripts
+
+    name, spec, llm = native
+    before, children, after, _ = CASES[name]
+    S = Scripts(llm.get_tokenizer())
+    params = S.params(before + after, children, max_tokens=200)
+    (out,) = llm.generate(["Q: one"], params, use_tqdm=False)
+    recorder = _RecordingLLM(stock)
+    FormatLoop(recorder, spec).generate(["Q: one"], params)
+    rows = rollout.per_call_rows(out)
+    assert sorted((r["context_ids"], r["response_ids"]) for r in rows) == sorted(recorder.calls)
+    assert [r["is_last"] for r in rows if r["node_id"] == ""][-1] is True
+    (row,) = rollout.training_rows(out)
+    assert row["prompt_ids"] == list(out.prompt_token_ids)
+    assert row["response_ids"] == list(out.outputs[0].token_ids)
+    assert len(row["position_ids"]) == len(row["prompt_ids"]) + len(row["response_ids"])
+    from vllm_seqhooks.core.trace import iter_nodes
+
+    trace = rollout.raw_trace(out)
+    dropped = {n["key"]: n.get("dropped_token_ids", []) for n in iter_nodes(trace)}
+    inserted = [t for t, m in zip(row["response_ids"], row["response_mask"]) if not m]
+    assert inserted  # headers, separators, suffix
+    (join,) = trace["joins"]
+    total = len(row["position_ids"])
+    if join["mode"] == "splice":  # paths side by side from the fork point's position
+        from vllm_seqhooks.core.splice_layout import Parallel, positions
+
+        context = len(row["prompt_ids"]) + join["at"]
+        paths = join["splice_paths"]
+        layout = (context, Parallel(tuple((n,) for n in paths)), total - context - sum(paths))
+        assert row["position_ids"] == positions(layout)
+        assert row["position_ids"][-1] == total - 1 - sum(paths) + max(paths)
+    else:
+        assert row["position_ids"] == list(range(total))
+    for node in {r["node_id"] for r in rows}:
+        sampled = [t for t, m, n in zip(row["response_ids"], row["response_mask"],
+                                        row["node_ids"]) if m and n == node]
+        calls = [t for r in rows if r["node_id"] == node for t in r["response_ids"]]
+        if node and spec_format_merges_text(spec):
+            assert sampled == [], node  # re-tokenized: no token-by-token owner
+        else:
+            assert sampled + dropped.get(node, []) == calls, node
+
+
+def spec_format_merges_text(spec) -> bool:
+    from vllm_seqhooks.config.presets import expand
+
+    return expand(spec).get("boundary_tokenization") == "text"

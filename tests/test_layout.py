@@ -28,7 +28,7 @@ MAY_IMPORT = {
 #: The pure subpackages: no vLLM, no torch.
 PURE = ("config", "core", "formats")
 #: Modules at the top level: what users address.
-TOP_LEVEL = {"__init__", "__main__", "check", "llm", "plugin"}
+TOP_LEVEL = {"__init__", "__main__", "check", "llm", "plugin", "rollout"}
 #: Directories of the package that are not Python packages.
 NOT_CODE = {"data", "__pycache__", "triton_cpu_stub"}
 

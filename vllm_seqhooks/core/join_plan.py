@@ -5,7 +5,7 @@ whether it resumes through the prefix cache."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 
 def promise_prompt_len(hooks: Any, start: int, end: int, context_end: int) -> int:
@@ -88,6 +88,44 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+#: Who gave a run of merged tokens: a child (its key in the request tree, its
+#: output's tokens in order) or the engine (None: lead, header, separator,
+#: suffix, a failed child's marker), and how many.
+Piece = tuple[Optional[str], int]
+
+
+def layout_pieces(start: int, headers: Sequence[int], outputs: Sequence[int],
+                  owners: Sequence[Optional[str]], separator: int = 0,
+                  suffix: int = 0) -> list[Piece]:
+    """The runs of :func:`merged_layout` by who gave them, from the lengths
+    of its parts: ``start`` (the first child's start), ``headers`` (of the
+    other children; index 0 unused), ``outputs`` and their ``owners``
+    (None: a failed child's marker)."""
+    pieces: list[Piece] = []
+    for i, (n, owner) in enumerate(zip(outputs, owners)):
+        pieces.append((None, (separator + headers[i]) if i else start))
+        pieces.append((owner, n))
+    pieces.append((None, suffix))
+    return cut_pieces(pieces, 0, sum(n for _, n in pieces))
+
+
+def cut_pieces(pieces: Sequence[Piece], start: int, stop: int) -> list[Piece]:
+    """The runs of tokens ``start`` .. ``stop - 1`` of ``pieces``' tokens,
+    empty runs dropped and neighbours of one owner made one."""
+    out: list[Piece] = []
+    at = 0
+    for owner, n in pieces:
+        lo, hi = max(at, start), min(at + n, stop)
+        at += n
+        if hi <= lo:
+            continue
+        if out and out[-1][0] == owner and owner is None:
+            out[-1] = (None, out[-1][1] + hi - lo)
+        else:
+            out.append((owner, hi - lo))
+    return out
 
 
 def merged_layout(starts: Sequence[Sequence[int]], headers: Sequence[Sequence[int]],

@@ -48,6 +48,13 @@ class JoinRecord:
     #: "reprefill" or "splice"; why a splice join fell back to re-prefill.
     mode: str = "reprefill"
     fallback: str | None = None
+    #: Where the merged tokens start in the parent's output, and who gave
+    #: them: [child key or None (the engine inserted them), count] runs
+    #: (None where a merge re-tokenized text).
+    at: int | None = None
+    pieces: list[list] | None = None
+    #: A splice join: each path's tokens (its child's start and output).
+    splice_paths: list[int] | None = None
 
 
 @dataclass
@@ -76,6 +83,15 @@ class HookNode:
     sampled_tokens: int | None = None
     #: Tokens of spliced paths it computed again with causal attention.
     splice_recomputed_tokens: int = 0
+    #: Its prompt: its parent's first ``context_tokens`` tokens, then
+    #: ``prompt_rest``.
+    context_tokens: int = 0
+    prompt_rest: tuple[int, ...] = ()
+    #: A finished child: how many of its output's last tokens the engine
+    #: added (a format's end text), and what it wrote that its output
+    #: leaves out (its EOS, what followed its end tag).
+    appended_tokens: int = 0
+    dropped_token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     children: list[str] = field(default_factory=list)
     #: Children spawned since the last join (in promise order).

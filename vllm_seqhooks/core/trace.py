@@ -42,6 +42,10 @@ def build_trace(
                 num_output_tokens=len(node.output_tokens or ()),
                 sampled_tokens=node.sampled_tokens,
                 prompt_tokens=node.prompt_tokens,
+                context_tokens=node.context_tokens,
+                appended_tokens=node.appended_tokens,
+                dropped_token_ids=list(node.dropped_token_ids),
+                prompt_rest_token_ids=list(node.prompt_rest),
                 cached_prompt_tokens=node.cached_prompt_tokens,
                 spawn_time=node.spawn_time,
                 finish_time=node.finish_time,
@@ -59,6 +63,9 @@ def build_trace(
                 "reused_tokens": j.reused_tokens,
                 "truncated": j.truncated,
                 "mode": j.mode,
+                "at": j.at,
+                "pieces": j.pieces,
+                **({"splice_paths": j.splice_paths} if j.splice_paths else {}),
                 **({"fallback": j.fallback} if j.fallback else {}),
             }
             for j in node.joins

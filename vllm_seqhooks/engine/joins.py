@@ -14,7 +14,8 @@ from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 from vllm_seqhooks.config.request_keys import POSITION_SHIFT_ARG, SAMPLED_BEFORE_ARG
 from vllm_seqhooks.core.join_plan import (
-    common_prefix, contribution, first_child_covers, fit_merge, resumes)
+    Piece, common_prefix, contribution, cut_pieces, first_child_covers, fit_merge,
+    layout_pieces, resumes)
 from vllm_seqhooks.core.request_tree import FAILED, FINISHED, MERGED, JoinRecord
 from vllm_seqhooks.core.trace import TRACE_KEY, build_trace
 from vllm_seqhooks.engine.state import HookState
@@ -109,6 +110,14 @@ class Joins:
         tokens, text = ([], None)
         if state == FINISHED and st is not None:
             tokens, text = self.contribution(st)
+            # What it wrote that its parent does not get (its EOS, text
+            # after its end tag), and what the engine added (the format's
+            # end text): the rollout rows tell sampled from inserted by them.
+            written = child.all_token_ids[st.orig_prompt_len:]
+            shared = common_prefix(tokens, written)
+            node = fj.tree.get(rid)
+            node.appended_tokens = len(tokens) - shared
+            node.dropped_token_ids = list(written[shared:])
         reason = str(finish_reason) if finish_reason is not None else state
         self._close_child(rid, st, state, tokens, reason, text)
 
@@ -193,25 +202,33 @@ class Joins:
         fork, st.fork = st.fork, None
         stop_text = sched.hooks.unclosed_child_stop_text if st.unclosed_child else None
         st.unclosed_child = False
-        keep, merged, children = self._merged_tokens(st, node, fork, stop_text)
+        keep, merged, children, pieces = self._merged_tokens(st, node, fork, stop_text)
         record = node.joins[-1]
         fj.unpark(st)
+        if pieces is not None and sum(n for _, n in pieces) != len(merged):
+            logger.warning("%s: the merge's pieces do not add up; no provenance", rid)
+            pieces = None
         room = sched.max_model_len - keep
         merged, record.truncated = fit_merge(merged, room)
         # A fork tag's last token given back unchanged is not a merged one.
-        record.merged_tokens = len(merged) - common_prefix(
-            merged, st.request.all_token_ids[keep:])
+        kept = common_prefix(merged, st.request.all_token_ids[keep:])
+        record.merged_tokens = len(merged) - kept
+        record.at = keep + kept - st.orig_prompt_len
+        if pieces is not None:
+            record.pieces = [[None if owner is None else fj.tree.get(owner).key, n]
+                             for owner, n in cut_pieces(pieces, kept, len(merged))]
         sched.metrics.inc("joins", 1)
         sched.metrics.inc("truncated_merges", int(record.truncated))
         sched.metrics.inc("merged_tokens", record.merged_tokens)
         return _Merge(keep, merged, children, record, room, stop_text is not None)
 
-    def _merged_tokens(self, st: HookState, node, fork,
-                       stop_text: str | None) -> tuple[int, list[int], list[str]]:
+    def _merged_tokens(self, st: HookState, node, fork, stop_text: str | None
+                       ) -> tuple[int, list[int], list[str], list[Piece] | None]:
         """How many of its tokens the parent keeps (all, or all but a fork
-        tag's last token), the tokens that follow them, and its joined
-        children. A fork's merge ends with ``stop_text`` when given, else
-        with the merge suffix (formats.boundaries.join_tokens)."""
+        tag's last token), the tokens that follow them, its joined
+        children, and who gave which of those tokens (None where a merge
+        re-tokenizes text). A fork's merge ends with ``stop_text`` when
+        given, else with the merge suffix (formats.boundaries.join_tokens)."""
         sched = self.sched
         hooks = sched.hooks
         tree = sched.fork_join.tree
@@ -222,7 +239,17 @@ class Joins:
                       if hooks.merge_suffix else ())
             merged, children = tree.take_merge(
                 node.request_id, st.separator, hooks.failed_child_marker_token_ids, suffix)
-            return len(tokens), merged if merges else [], children
+            if not merges:
+                return len(tokens), [], children, []
+            marker = len(hooks.failed_child_marker_token_ids or ())
+            took = [tree.get(c).state == MERGED for c in children]
+            pieces = layout_pieces(
+                0, [0] * len(children),
+                [len(tree.get(c).output_tokens or ()) if ok else marker
+                 for c, ok in zip(children, took)],
+                [c if ok else None for c, ok in zip(children, took)],
+                len(st.separator), len(suffix))
+            return len(tokens), merged, children, pieces
         pieces = []
         for cid in node.open_children:
             child = tree.get(cid)
@@ -243,13 +270,37 @@ class Joins:
                     st, fork.pos, children, codec.encode(suffix_text))
                 if merged is not None:
                     record.mode = "splice"
-                    return fork.pos, merged, children
+                    pieces = self._splice_pieces(children, len(merged))
+                    record.splice_paths = [n_start + n_out for (_, n_start), (_, n_out)
+                                           in zip(pieces[1:-1:2], pieces[2:-1:2])]
+                    return fork.pos, merged, children, pieces
             else:
                 splicing.give_back(children)
                 record.fallback = "a child failed"
         merged = join_tokens(codec, hooks.tag_format, context, fork.tag_start, pieces,
                              st.separator, suffix_text, hooks.failed_child_marker_token_ids or ())
-        return fork.pos, merged, children
+        if hooks.tag_format.boundary_tokenization != "ids":
+            return fork.pos, merged, children, None  # boundaries re-tokenized as text
+        fmt = hooks.tag_format
+        marker = len(hooks.failed_child_marker_token_ids or ())
+        layout = layout_pieces(
+            len(codec.encode(fmt.child_start(pieces[0].label))) if pieces else 0,
+            [len(codec.encode(fmt.header(p.label))) for p in pieces],
+            [len(p.tokens) if p.tokens is not None else marker for p in pieces],
+            [c if p.tokens is not None else None for c, p in zip(children, pieces)],
+            len(st.separator), len(codec.encode(suffix_text)))
+        lead = len(merged) - sum(n for _, n in layout)  # the fork tag's end, as given back
+        return fork.pos, merged, children, [(None, lead), *layout] if lead >= 0 else None
+
+    def _splice_pieces(self, children: list[str], total: int) -> list[Piece]:
+        """A splice merge: the fork tag's last token, each path (its child's
+        start, then its output), the suffix."""
+        tree = self.sched.fork_join.tree
+        pieces: list[Piece] = [(None, 1)]
+        for cid in children:
+            node = tree.get(cid)
+            pieces += [(None, len(node.start_tokens)), (cid, len(node.output_tokens or ()))]
+        return [*pieces, (None, total - sum(n for _, n in pieces))]
 
     def _resume(self, st: HookState, keep: int, merged: list[int], children: list[str],
                 record: JoinRecord, remaining: int) -> None:

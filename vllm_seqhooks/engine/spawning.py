@@ -19,7 +19,8 @@ from vllm.v1.request import Request
 from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
 from vllm_seqhooks.core.child_queue import ChildrenFirst
 from vllm_seqhooks.core.family_limits import ENGINE_LIVE, TRANSIENT_REFUSALS
-from vllm_seqhooks.core.join_plan import child_budget, promise_prompt, promise_prompt_len
+from vllm_seqhooks.core.join_plan import (
+    child_budget, common_prefix, promise_prompt, promise_prompt_len)
 from vllm_seqhooks.core.request_tree import FAILED, RUNNING, HookNode, derive_seed
 from vllm_seqhooks.engine import vllm_private
 from vllm_seqhooks.engine.state import DeferredChild, HookState
@@ -152,6 +153,15 @@ class Spawning:
             child_id += "~"
         node = fj.tree.add_child(parent_id, child_id, payload, len(prompt),
                                  start_tokens, label)
+        # What of its parent's tokens its prompt starts with, and the rest
+        # (the trace's per-call rows rebuild its prompt from them). A tag
+        # format's join may give the fork tag's last token back re-tokenized:
+        # counted in the rest, so that the shared part is the parent's for good.
+        shared = common_prefix(prompt, st.request.all_token_ids)
+        if sched.hooks.tag_format is not None:
+            shared = min(shared, len(prompt) - len(start_tokens) - 1)
+        node.context_tokens = max(shared, 0)
+        node.prompt_rest = tuple(prompt[node.context_tokens:])
         return child_id, node
 
     def _start_child(self, st: HookState, child_id: str, node: HookNode, prompt: list[int],

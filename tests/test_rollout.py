@@ -1,0 +1,97 @@
+"""vllm_seqhooks.rollout on hand-made traces: who gave each output token
+through nested joins, cut merges, re-tokenized merges and a format's end
+text; the per-call rows' contexts and responses; positions after a splice
+join. (End to end against the formats' own loops: test_formats_oracle.py.)"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_seqhooks import rollout
+from vllm_seqhooks.core.join_plan import cut_pieces, layout_pieces
+from vllm_seqhooks.core.trace import TRACE_KEY
+
+
+def _output(prompt, response, trace, request_id="r"):
+    completion = SimpleNamespace(token_ids=response, logprobs=None)
+    return SimpleNamespace(request_id=request_id, prompt_token_ids=prompt,
+                           outputs=[completion], kv_transfer_params={TRACE_KEY: trace})
+
+
+def test_layout_pieces_follow_merged_layout():
+    # start 2, then child a (3), separator 1 + header 1, child b failed (marker 2), suffix 2
+    assert layout_pieces(2, [0, 1], [3, 2], ["a", None], separator=1, suffix=2) == [
+        (None, 2), ("a", 3), (None, 6)]
+    assert cut_pieces([(None, 2), ("a", 3), (None, 2)], 1, 4) == [(None, 1), ("a", 2)]
+
+
+# Root: prompt [1, 2]; output 10 11 | 50 (inserted) 20 21 (child 0) 51 (inserted)
+# 30 31 32 (child 1, whose own output holds its child's 40 at index 1 and an
+# end text 52 the engine added) | 12 (the root again).
+CHILD_1 = {"key": "1", "output_token_ids": [30, 40, 52], "context_tokens": 3,
+           "prompt_rest_token_ids": [51], "appended_tokens": 1, "dropped_token_ids": [],
+           "joins": [{"at": 1, "merged_tokens": 1, "pieces": [["1.0", 1]], "children": ["1.0"]}],
+           "children": [{"key": "1.0", "output_token_ids": [40], "context_tokens": 5,
+                         "prompt_rest_token_ids": [], "dropped_token_ids": [2],
+                         "joins": [], "children": []}]}
+TRACE = {"key": "", "joins": [{
+    "at": 2, "merged_tokens": 7, "children": ["0", "1"],
+    "pieces": [[None, 1], ["0", 2], [None, 1], ["1", 3]]}],
+    "children": [{"key": "0", "output_token_ids": [20, 21], "context_tokens": 4,
+                  "prompt_rest_token_ids": [50], "dropped_token_ids": [2],
+                  "joins": [], "children": []}, CHILD_1]}
+RESPONSE = [10, 11, 50, 20, 21, 51, 30, 40, 52, 12]
+
+
+def test_training_rows_say_who_sampled_each_token():
+    (row,) = rollout.training_rows(_output([1, 2], RESPONSE, TRACE))
+    assert row["response_mask"] == [1, 1, 0, 1, 1, 0, 1, 1, 0, 1]
+    assert row["node_ids"] == ["", "", "", "0", "0", "", "1", "1.0", "1", ""]
+    assert row["position_ids"] == list(range(12))
+    assert row["rollout_logprobs"] is None
+
+
+def test_a_text_merge_counts_as_inserted():
+    trace = {**TRACE, "joins": [{**TRACE["joins"][0], "pieces": None}]}
+    (row,) = rollout.training_rows(_output([1, 2], RESPONSE, trace))
+    assert row["response_mask"] == [1, 1, 0, 0, 0, 0, 0, 0, 0, 1]
+
+
+def test_a_cut_merge_keeps_what_fits():
+    trace = {**TRACE, "joins": [{**TRACE["joins"][0], "merged_tokens": 4}]}
+    (row,) = rollout.training_rows(_output([1, 2], RESPONSE[:6], trace))
+    assert row["node_ids"] == ["", "", "", "0", "0", ""]
+
+
+def test_per_call_rows_rebuild_each_nodes_context():
+    rows = rollout.per_call_rows(_output([1, 2], RESPONSE, TRACE))
+    got = [(r["node_id"], r["context_ids"], r["response_ids"], r["is_last"]) for r in rows]
+    assert got == [
+        ("", [1, 2], [10, 11], False),
+        ("", [1, 2, 10, 11, 50, 20, 21, 51, 30, 40, 52], [12], True),
+        ("0", [1, 2, 10, 11, 50], [20, 21, 2], False),
+        ("1", [1, 2, 10, 51], [30], False),  # the end text 52 is not its own
+        ("1.0", [1, 2, 10, 51, 30], [40, 2], False),
+    ]
+    assert {r["base_id"] for r in rows} == {"r"}
+
+
+def test_splice_positions():
+    # Prompt 3 tokens, the root writes 2 (its fork tag last), two paths of 3
+    # and 2 tokens spliced from index 5, then 2 more.
+    trace = {"key": "", "joins": [{"at": 2, "merged_tokens": 5, "children": ["0", "1"],
+                                   "splice_paths": [3, 2],
+                                   "pieces": [[None, 1], ["0", 2], [None, 1], ["1", 1]]}],
+             "children": [{"key": k, "output_token_ids": [9] * n, "joins": [], "children": []}
+                          for k, n in (("0", 2), ("1", 1))]}
+    (row,) = rollout.training_rows(_output([1, 2, 3], [7, 8, 4, 9, 9, 5, 9, 6, 6], trace))
+    assert row["position_ids"] == [0, 1, 2, 3, 4, 5, 6, 7, 5, 6, 8, 9]
+
+
+def test_one_completion_per_output():
+    out = _output([1], [2], None)
+    out.outputs.append(out.outputs[0])
+    with pytest.raises(ValueError, match="one completion"):
+        rollout.training_rows(out)

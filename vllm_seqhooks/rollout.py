@@ -1,0 +1,180 @@
+"""Training rows from one generate call with hooks (pure: reads a finished
+``RequestOutput`` and its hook trace; no vLLM import).
+
+What an RL trainer needs of a fork/join rollout is which output tokens the
+policy sampled (they get loss) and which the engine inserted (headers,
+separators, suffixes, failed-child markers: no loss), which branch of the
+fork tree sampled each, and the position the model saw it at (after a
+splice join a token's position runs behind its index). The hook trace
+records, for every join, where the merged tokens start in the parent's
+output (``at``) and who gave them (``pieces``: runs of a child's output or
+of inserted tokens); this module turns that into rows.
+
+- :func:`training_rows`: one dict per completion with ``prompt_ids``,
+  ``response_ids`` (the merged output, as the parent's context holds it),
+  ``response_mask`` (1 sampled, 0 inserted), ``position_ids`` (prompt
+  included), ``node_ids`` (``""`` the request itself, ``"0"``, ``"0.1"``...
+  the child that sampled the token; inserted tokens carry the node whose
+  join inserted them) and ``rollout_logprobs`` (None: hooks do not give
+  logprobs yet).
+- :func:`per_call_rows`: ThreadWeaver's agent-loop rows
+  (``threadweaver_rl/verl/experimental/agent_loop/single_turn_agent_loop.py``):
+  one row per stretch a node sampled without a join in between, with the
+  exact tokens it was conditioned on (``context_ids``), what it sampled
+  (``response_ids``), ``base_id`` shared by the family and ``is_last``
+  (the root's last row).
+
+A merge that re-tokenizes text at its boundaries (``boundary_tokenization:
+"text"``, ThreadWeaver's preset) has no token-by-token owner: its merged
+tokens count as inserted in :func:`training_rows` (the children's tokens
+get their loss in :func:`per_call_rows`, as in ThreadWeaver's trainer).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from vllm_seqhooks.core.splice_map import SpliceMap, SplicePath
+from vllm_seqhooks.core.trace import raw_trace
+
+#: One output token's origin: (node key, sampled?).
+Origin = tuple[str, bool]
+
+
+def _trace_of(output: Any) -> Optional[dict[str, Any]]:
+    found = getattr(output, "hook_trace", None)
+    return found if found is not None else raw_trace(output)
+
+
+def _completion(output: Any):
+    completions = list(getattr(output, "outputs", ()) or ())
+    if len(completions) != 1:
+        raise ValueError(
+            f"training rows need one completion per RequestOutput, got {len(completions)} "
+            "(with n > 1 vLLM reports one hook trace for all of them; send n requests)")
+    return completions[0]
+
+
+def origins(node: dict[str, Any], output_ids: list[int]) -> list[Origin]:
+    """Who gave each of a node's output tokens (``node``: a trace node)."""
+    key = node.get("key", "")
+    out: list[Origin] = [(key, True)] * len(output_ids)
+    appended = node.get("appended_tokens", 0)  # the format's end text
+    if appended:
+        out[len(out) - appended:] = [(key, False)] * appended
+    children = {c["key"]: c for c in node.get("children", ())}
+    for join in node.get("joins", ()):
+        at, count = join.get("at"), join.get("merged_tokens") or 0
+        if at is None or not count:
+            continue
+        stop = min(at + count, len(output_ids))
+        pieces = join.get("pieces")
+        if pieces is None:  # re-tokenized text: no token-by-token owner
+            out[at:stop] = [(key, False)] * (stop - at)
+            continue
+        i = at
+        for owner, n in pieces:
+            if owner is None:
+                given = [(key, False)] * n
+            else:
+                child = children[owner]
+                given = origins(child, list(child.get("output_token_ids", ())))[:n]
+                given += [(owner, False)] * (n - len(given))
+            out[i:i + n] = given[: max(0, stop - i)]
+            i += n
+    return out[: len(output_ids)]
+
+
+def splice_map(node: dict[str, Any], inherited: SpliceMap = SpliceMap(),
+               prompt_len: Optional[int] = None) -> SpliceMap:
+    """A node's positions map (:mod:`vllm_seqhooks.core.splice_map`), from
+    its splice joins (children inherit the map their parent had when they
+    started)."""
+    if prompt_len is None:
+        prompt_len = node.get("prompt_tokens", 0)
+    current = inherited
+    children = {c["key"]: c for c in node.get("children", ())}
+    for join in node.get("joins", ()):
+        paths = join.get("splice_paths")
+        if not paths or join.get("at") is None:
+            continue
+        context = prompt_len + join["at"]
+        laid, at = [], context
+        for key, length in zip(join["children"], paths):
+            child = children.get(key)
+            child_map = splice_map(child, current) if child is not None else SpliceMap()
+            laid.append(SplicePath(at, length, child_map))
+            at += length
+        current = current.after_join(context, laid)
+    return current
+
+
+def training_rows(request_output: Any) -> list[dict[str, Any]]:
+    """One row per completion of ``request_output`` (see the module doc)."""
+    completion = _completion(request_output)
+    prompt = list(request_output.prompt_token_ids or ())
+    response = list(completion.token_ids)
+    trace = _trace_of(request_output)
+    if trace is None:
+        given = [("", True)] * len(response)
+        positions = list(range(len(prompt) + len(response)))
+    else:
+        given = origins(trace, response)
+        smap = splice_map(trace, prompt_len=len(prompt))
+        positions = [i + smap.shift_at(i) for i in range(len(prompt) + len(response))]
+    logprobs = None
+    if completion.logprobs is not None:
+        logprobs = [entry[token].logprob if entry and token in entry else None
+                    for token, entry in zip(response, completion.logprobs)]
+    return [{
+        "prompt_ids": prompt,
+        "response_ids": response,
+        "response_mask": [1 if sampled else 0 for _, sampled in given],
+        "position_ids": positions,
+        "node_ids": [key for key, _ in given],
+        "rollout_logprobs": logprobs,
+    }]
+
+
+def per_call_rows(request_output: Any) -> list[dict[str, Any]]:
+    """ThreadWeaver-style rows, one per stretch a node sampled (see the
+    module doc), parents before their children, in the trace's order."""
+    _completion(request_output)
+    prompt = list(request_output.prompt_token_ids or ())
+    response = list(request_output.outputs[0].token_ids)
+    trace = _trace_of(request_output)
+    base = str(getattr(request_output, "request_id", ""))
+    rows: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any], node_prompt: list[int], output: list[int]) -> None:
+        start = 0
+        stretches = []
+        for join in node.get("joins", ()):
+            at = join.get("at")
+            if at is None:
+                continue
+            stretches.append((start, at))
+            start = at + (join.get("merged_tokens") or 0)
+        stretches.append((start, len(output) - node.get("appended_tokens", 0)))
+        dropped = list(node.get("dropped_token_ids", ()))
+        for i, (lo, hi) in enumerate(stretches):
+            tail = dropped if i == len(stretches) - 1 else []
+            if hi > lo or tail:
+                rows.append({"node_id": node.get("key", ""), "base_id": base,
+                             "context_ids": node_prompt + output[:lo],
+                             "response_ids": output[lo:hi] + tail, "is_last": False})
+        full = node_prompt + output
+        for child in node.get("children", ()):
+            child_prompt = (full[: child.get("context_tokens", 0)]
+                            + list(child.get("prompt_rest_token_ids", ())))
+            walk(child, child_prompt, list(child.get("output_token_ids", ())))
+
+    if trace is None:
+        rows.append({"node_id": "", "base_id": base, "context_ids": prompt,
+                     "response_ids": response, "is_last": False})
+    else:
+        walk(trace, prompt, response)
+    root_rows = [r for r in rows if r["node_id"] == ""]
+    if root_rows:
+        root_rows[-1]["is_last"] = True
+    return rows
