@@ -18,6 +18,7 @@ def test_pinned_private_vllm_api_is_present():
     assert vllm_private.v2_model_runner_problems() == []
     assert vllm_private.splice_problems() == []
     assert vllm_private.v2_splice_problems() == []
+    assert vllm_private.cpu_seed_problems() == []
 
 
 def test_a_changed_private_api_is_reported(monkeypatch):
@@ -28,6 +29,10 @@ def test_a_changed_private_api_is_reported(monkeypatch):
 
     monkeypatch.setattr(Scheduler, "_free_request", lambda self, request: None)
     monkeypatch.setattr(InputBatch, "swap_states", lambda self, a, b: None)
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    monkeypatch.setattr(GPUModelRunner, "_bookkeeping_sync", lambda self, *a: None)
+    assert any("_bookkeeping_sync" in p for p in vllm_private.cpu_seed_problems())
     from vllm.v1.worker.gpu import model_runner as v2
 
     monkeypatch.setattr(v2, "sort_batch_req_ids", lambda reqs, drafts: list(reqs))

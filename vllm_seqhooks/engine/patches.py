@@ -71,13 +71,14 @@ def install_frontend_patches() -> None:
 
 
 def install_worker_patches() -> bool:
-    """What a process running a model needs: the family batch order and
-    the splice inputs. False (logged) when the installed vLLM lacks what
-    one of them wraps."""
+    """What a process running a model needs: the family batch order, the
+    splice inputs, and seeded split prefills on CPU. False (logged) when
+    the installed vLLM lacks what one of them wraps."""
     from vllm_seqhooks.engine import vllm_private
 
     ordered = vllm_private.install_family_batch_order()
-    return vllm_private.install_splice_inputs() and ordered
+    seeded = vllm_private.install_cpu_seed_fix()
+    return vllm_private.install_splice_inputs() and ordered and seeded
 
 
 def _install_request_validation_logged() -> None:

@@ -8,8 +8,9 @@ fails loudly at start-up (and in ``tests/test_vllm_private.py``) instead of
 misbehaving at run time. The patches that wrap private methods are
 implemented here too; they are listed, and installed, by
 :mod:`vllm_seqhooks.engine.patches`. One module per side of vLLM:
-:mod:`.scheduler`, :mod:`.runner` (the model runners, in worker processes)
-and :mod:`.frontend`.
+:mod:`.scheduler`, :mod:`.runner` (the model runners, in worker processes),
+:mod:`.cpu_seeds` (seeded split prefills on the V1 CPU runner) and
+:mod:`.frontend`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from vllm_seqhooks.engine.vllm_private.common import (
     PINNED_VLLM_VERSION,
     VllmPrivateAPIError,
 )
+from vllm_seqhooks.engine.vllm_private.cpu_seeds import cpu_seed_problems, install_cpu_seed_fix
 from vllm_seqhooks.engine.vllm_private.frontend import (
     input_processor_problems,
     install_request_validator,
@@ -42,7 +44,8 @@ from vllm_seqhooks.engine.vllm_private.scheduler import (
 
 __all__ = [
     "PINNED_VLLM_VERSION", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "check",
-    "children_first_queue", "copy_kv_slots", "input_processor_problems",
+    "children_first_queue", "copy_kv_slots", "cpu_seed_problems", "input_processor_problems",
+    "install_cpu_seed_fix",
     "install_family_batch_order", "install_request_validator", "install_splice_inputs",
     "model_runner_problems", "problems", "runner_kv_caches", "salt_block_hashes", "scheduler_problems",
     "share_block_hashes",
