@@ -111,3 +111,16 @@ def test_a_parent_that_forks_again_after_a_splice_join(prefix_caching, tiny_mode
     else:
         several = [f for f in families if len(f["children"]) - f["second"] > 1]
         assert several and all(f["recomputed"] for f in several)
+
+
+def test_splice_joins_with_chunked_prefill(tiny_model_dir):
+    """A step budget of 40 tokens for 9 families: prompts and children's
+    prompts are computed over several steps, a join's suffix may be (the
+    KV copies go with the parent's first step after its join, the shifts
+    with every step); the parents' tokens still equal the oracle."""
+    run = _run(MODES[0], tiny_model_dir, seed=13, max_num_batched_tokens=40)
+    _assert_clean(run)
+    assert run["stats"]["splice_joins"] == FAMILIES
+    assert run["stats"]["splice_fallbacks"] == 0
+    for check in splice_families.oracle_check(tiny_model_dir, run):
+        assert check["got"] == check["splice"], (check["fork"], check["paths"])
