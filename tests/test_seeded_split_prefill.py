@@ -14,7 +14,9 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def _family(model: str, budget: int, seed: int) -> tuple[list[int], list[list[int]]]:
+def _families(model: str, budget: int, seeds) -> list[tuple[list[int], list[list[int]]]]:
+    """For each seed, one family on an engine with step budget ``budget``:
+    the parent's output and its children's."""
     from vllm_seqhooks import get_hook_trace
     from vllm_seqhooks.testing.forkjoin import Scripts, hook_llm
 
@@ -22,23 +24,26 @@ def _family(model: str, budget: int, seed: int) -> tuple[list[int], list[list[in
                    enable_prefix_caching=False)
     S = Scripts(llm.get_tokenizer())
     prompt = S("a long question " * 12)  # 192 tokens: 3+ steps at 64
-    params = S.params("<promise>ab</promise><promise>cd</promise><sync>",
-                      {"0": "", "1": ""}, end="free", child_end="free",
-                      temperature=1.0, seed=seed, max_tokens=60)
-    (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
-    trace = get_hook_trace(out)
-    children = [list(c["output_token_ids"]) for c in trace["children"]]
+    got = []
+    for seed in seeds:
+        params = S.params("<promise>ab</promise><promise>cd</promise><sync>",
+                          {"0": "", "1": ""}, end="free", child_end="free",
+                          temperature=1.0, seed=seed, max_tokens=60)
+        (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        trace = get_hook_trace(out)
+        got.append((list(out.outputs[0].token_ids),
+                    [list(c["output_token_ids"]) for c in trace["children"]]))
     del llm
     gc.collect()
-    return list(out.outputs[0].token_ids), children
+    return got
 
 
 def test_seeded_family_with_split_prefills(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    split = _family(tiny_model_dir, 64, seed=11)
-    whole = _family(tiny_model_dir, 2048, seed=11)
+    (split,) = _families(tiny_model_dir, 64, [11])
+    whole, other = _families(tiny_model_dir, 2048, [11, 12])
     assert split == whole
     output, children = split
     assert len(children) == 2 and all(children)
     assert children[0] != children[1]  # each child its own seed
-    assert _family(tiny_model_dir, 2048, seed=12)[0] != output
+    assert other[0] != output
