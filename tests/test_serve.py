@@ -301,6 +301,33 @@ def test_example_client_runs(server):
     assert "join of ['0', '1']" in r.stdout
 
 
+def test_training_rows_from_an_http_completion(client, tiny_model_dir, S):
+    """``vllm_seqhooks.rollout`` reads the openai client's completion (asked
+    with ``return_token_ids``): each child's tokens under its node, the
+    merge separator inserted, the parent's own tokens sampled."""
+    from transformers import AutoTokenizer
+
+    from vllm_seqhooks import rollout
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    r = client.completions.create(
+        model=tiny_model_dir, prompt="hello", max_tokens=60, temperature=0,
+        extra_body={"return_token_ids": True, "vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
+    assert r.choices[0].text == EXPECTED
+    (row,) = rollout.training_rows(r)
+    by = lambda key, m: tok.decode([t for t, n, k in zip(  # noqa: E731
+        row["response_ids"], row["node_ids"], row["response_mask"]) if n == key and k == m])
+    assert (by("0", 1), by("1", 1), by("", 0)) == ("AAA", "BBBB", "\n")
+    calls = rollout.per_call_rows(r)
+    assert [c["node_id"] for c in calls] == ["", "", "0", "1"]
+    assert calls[0]["context_ids"] == row["prompt_ids"]
+    assert {c["base_id"] for c in calls} == {r.id}
+    with pytest.raises(ValueError, match="return_token_ids"):
+        rollout.training_rows(client.completions.create(
+            model=tiny_model_dir, prompt="hello", max_tokens=60, temperature=0,
+            extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)}))
+
+
 def test_n_and_stop_strings(client, tiny_model_dir, S):
     # (stock vLLM wants n=1 with greedy sampling; the script forces the tokens)
     r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,

@@ -1,6 +1,10 @@
 """Training rows from one generate call with hooks (pure: reads a finished
 ``RequestOutput`` and its hook trace; no vLLM import).
 
+Both take a ``RequestOutput`` (``LLM.generate``) or an OpenAI completion
+response of ``vllm serve`` asked with ``"return_token_ids": true`` (the
+``openai`` client's object, or its JSON as a dict).
+
 What an RL trainer needs of a fork/join rollout is which output tokens the
 policy sampled (they get loss) and which the engine inserted (headers,
 separators, suffixes, failed-child markers: no loss), which branch of the
@@ -35,24 +39,42 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from vllm_seqhooks.core.splice_map import SpliceMap, SplicePath
-from vllm_seqhooks.core.trace import raw_trace
+from vllm_seqhooks.core.trace import TRACE_KEY, raw_trace
 
 #: One output token's origin: (node key, sampled?).
 Origin = tuple[str, bool]
 
 
-def _trace_of(output: Any) -> Optional[dict[str, Any]]:
-    found = getattr(output, "hook_trace", None)
-    return found if found is not None else raw_trace(output)
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    found = getattr(obj, name, None)
+    if found is None:  # a pydantic model's extra fields
+        found = (getattr(obj, "model_extra", None) or {}).get(name)
+    return default if found is None else found
 
 
-def _completion(output: Any):
-    completions = list(getattr(output, "outputs", ()) or ())
+def _read(output: Any) -> tuple[list[int], list[int], Optional[dict], Any, str]:
+    """(prompt ids, response ids, hook trace, sample logprobs or None,
+    request id) of a RequestOutput or an OpenAI completion response."""
+    choices = _get(output, "choices")
+    completions = list(choices if choices is not None else _get(output, "outputs", ()))
     if len(completions) != 1:
         raise ValueError(
-            f"training rows need one completion per RequestOutput, got {len(completions)} "
+            f"training rows need one completion per output, got {len(completions)} "
             "(with n > 1 vLLM reports one hook trace for all of them; send n requests)")
-    return completions[0]
+    (comp,) = completions
+    trace = _get(output, "hook_trace")
+    if choices is None:
+        trace = trace if trace is not None else raw_trace(output)
+        return (list(output.prompt_token_ids or ()), list(comp.token_ids), trace,
+                comp.logprobs, str(_get(output, "request_id", "")))
+    response = _get(comp, "token_ids")
+    if response is None:
+        raise ValueError("the completion has no token ids: ask with \"return_token_ids\": true")
+    params = _get(output, "kv_transfer_params") or {}
+    return (list(_get(comp, "prompt_token_ids", ())), list(response), params.get(TRACE_KEY),
+            None, str(_get(output, "id", "")))
 
 
 def origins(node: dict[str, Any], output_ids: list[int]) -> list[Origin]:
@@ -111,10 +133,7 @@ def splice_map(node: dict[str, Any], inherited: SpliceMap = SpliceMap(),
 
 def training_rows(request_output: Any) -> list[dict[str, Any]]:
     """One row per completion of ``request_output`` (see the module doc)."""
-    completion = _completion(request_output)
-    prompt = list(request_output.prompt_token_ids or ())
-    response = list(completion.token_ids)
-    trace = _trace_of(request_output)
+    prompt, response, trace, sample_logprobs, _ = _read(request_output)
     if trace is None:
         given = [("", True)] * len(response)
         positions = list(range(len(prompt) + len(response)))
@@ -123,9 +142,9 @@ def training_rows(request_output: Any) -> list[dict[str, Any]]:
         smap = splice_map(trace, prompt_len=len(prompt))
         positions = [i + smap.shift_at(i) for i in range(len(prompt) + len(response))]
     logprobs = None
-    if completion.logprobs is not None:
+    if sample_logprobs is not None:
         logprobs = [entry[token].logprob if entry and token in entry else None
-                    for token, entry in zip(response, completion.logprobs)]
+                    for token, entry in zip(response, sample_logprobs)]
     return [{
         "prompt_ids": prompt,
         "response_ids": response,
@@ -139,11 +158,7 @@ def training_rows(request_output: Any) -> list[dict[str, Any]]:
 def per_call_rows(request_output: Any) -> list[dict[str, Any]]:
     """ThreadWeaver-style rows, one per stretch a node sampled (see the
     module doc), parents before their children, in the trace's order."""
-    _completion(request_output)
-    prompt = list(request_output.prompt_token_ids or ())
-    response = list(request_output.outputs[0].token_ids)
-    trace = _trace_of(request_output)
-    base = str(getattr(request_output, "request_id", ""))
+    prompt, response, trace, _, base = _read(request_output)
     rows: list[dict[str, Any]] = []
 
     def walk(node: dict[str, Any], node_prompt: list[int], output: list[int]) -> None:
