@@ -251,17 +251,20 @@ def test_merge_truncated_at_max_model_len(engines):
     assert_engine_idle(hooked)
 
 
-def test_logprobs_with_hooks_are_rejected(engines):
+def test_prompt_logprobs_with_hooks_are_rejected(engines):
     hooked, _, S = engines
-    params = S.params("ab", logprobs=1)
+    params = S.params("ab", prompt_logprobs=1)
     from vllm.exceptions import VLLMValidationError
 
-    with pytest.raises(VLLMValidationError, match="logprobs"):
+    with pytest.raises(VLLMValidationError, match="prompt_logprobs"):
         gen(hooked, [PROMPT], params)
     # ... unless hooks are off for that request
-    params = S.params("ab", logprobs=1, extra_args={"seqhooks_enabled": False})
+    params = S.params("ab", prompt_logprobs=1, extra_args={"seqhooks_enabled": False})
     out = gen(hooked, [PROMPT], params)[0]
     assert out.outputs[0].text == "ab"
+    # Sample logprobs are fine with hooks (tests/test_hook_logprobs.py).
+    out = gen(hooked, [PROMPT], S.params("ab", logprobs=1))[0]
+    assert len(out.outputs[0].logprobs) == len(out.outputs[0].token_ids)
 
 
 def test_per_request_separator_and_usage_summary(engines):

@@ -33,12 +33,13 @@ def test_check_request_names_the_field():
     from vllm_seqhooks.engine.validation import check_request
 
     check_request(_params())
-    with pytest.raises(ValueError, match="logprobs"):
-        check_request(_params(logprobs=1))
+    check_request(_params(logprobs=1))  # sample logprobs: a row per merged token
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        check_request(_params(prompt_logprobs=1))
     with pytest.raises(ValueError, match="seqhooks_child_max_tokens"):
         check_request(_params(extra_args={"seqhooks_child_max_tokens": -3}))
-    # Hooks off for the request: its logprobs are fine.
-    check_request(_params(logprobs=1, extra_args={"seqhooks_enabled": False}))
+    # Hooks off for the request: its prompt logprobs are fine.
+    check_request(_params(prompt_logprobs=1, extra_args={"seqhooks_enabled": False}))
 
 
 def test_unknown_request_keys_are_refused_naming_the_known_ones():
@@ -73,8 +74,8 @@ def test_input_processor_validates_only_engines_with_hooks(monkeypatch, v2, hook
     validate = processor.validate_logits_processors_params
     validate(_params())
     if hooks:
-        with pytest.raises(VLLMValidationError, match="logprobs cannot be combined"):
-            validate(_params(logprobs=2))
+        with pytest.raises(VLLMValidationError, match="prompt_logprobs cannot be combined"):
+            validate(_params(prompt_logprobs=2))
         with pytest.raises(VLLMValidationError, match="seqhooks_enabled"):
             validate(_params(extra_args={"seqhooks_enabled": "maybe"}))
     else:

@@ -328,6 +328,28 @@ def test_training_rows_from_an_http_completion(client, tiny_model_dir, S):
             extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)}))
 
 
+def test_logprobs_with_hooks_over_http(client, tiny_model_dir, S):
+    """Completions with ``logprobs``, whole and streamed: a row per token of
+    the merged text; the separator the engine inserted says 0.0."""
+    body = {"vllm_xargs": xargs(S, SCRIPT, CHILDREN)}
+    r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                  temperature=0, logprobs=1, extra_body=body)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == EXPECTED + "</s>"  # (the EOS has its row too)
+    assert len(lp.token_logprobs) == len(lp.tokens)
+    assert lp.token_logprobs[lp.tokens.index("\n")] == 0.0  # inserted
+    streamed = []
+    for chunk in client.completions.create(model=tiny_model_dir, prompt="hello",
+                                           max_tokens=60, temperature=0, logprobs=1,
+                                           stream=True, extra_body=body):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.token_logprobs
+    assert streamed == lp.token_logprobs
+    with pytest.raises(Exception, match="prompt_logprobs"):
+        client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=5,
+                                  extra_body={**body, "prompt_logprobs": 1})
+
+
 def test_n_and_stop_strings(client, tiny_model_dir, S):
     # (stock vLLM wants n=1 with greedy sampling; the script forces the tokens)
     r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,

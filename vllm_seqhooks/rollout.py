@@ -19,8 +19,8 @@ of inserted tokens); this module turns that into rows.
   ``response_mask`` (1 sampled, 0 inserted), ``position_ids`` (prompt
   included), ``node_ids`` (``""`` the request itself, ``"0"``, ``"0.1"``...
   the child that sampled the token; inserted tokens carry the node whose
-  join inserted them) and ``rollout_logprobs`` (None: hooks do not give
-  logprobs yet).
+  join inserted them) and ``rollout_logprobs`` (when the request asked for
+  ``logprobs``: the sampled token's logprob, None for an inserted one).
 - :func:`per_call_rows`: ThreadWeaver's agent-loop rows
   (``threadweaver_rl/verl/experimental/agent_loop/single_turn_agent_loop.py``):
   one row per stretch a node sampled without a join in between, with the
@@ -142,9 +142,9 @@ def training_rows(request_output: Any) -> list[dict[str, Any]]:
         smap = splice_map(trace, prompt_len=len(prompt))
         positions = [i + smap.shift_at(i) for i in range(len(prompt) + len(response))]
     logprobs = None
-    if sample_logprobs is not None:
-        logprobs = [entry[token].logprob if entry and token in entry else None
-                    for token, entry in zip(response, sample_logprobs)]
+    if sample_logprobs is not None:  # (an inserted token's row says 0.0: None here)
+        logprobs = [entry[token].logprob if sampled and entry and token in entry else None
+                    for token, entry, (_, sampled) in zip(response, sample_logprobs, given)]
     return [{
         "prompt_ids": prompt,
         "response_ids": response,

@@ -18,6 +18,7 @@ from vllm_seqhooks.core.join_plan import (
     layout_pieces, resumes)
 from vllm_seqhooks.core.request_tree import FAILED, FINISHED, MERGED, JoinRecord
 from vllm_seqhooks.core.trace import TRACE_KEY, build_trace
+from vllm_seqhooks.engine.logprob_rows import as_lists, concat, forced_row, rows_of
 from vllm_seqhooks.engine.state import HookState
 from vllm_seqhooks.formats.boundaries import ChildText, child_output, join_tokens
 
@@ -80,6 +81,9 @@ class Joins:
         if (st is not None and (st.stop_pos is not None or st.fork is not None)
                 and out.new_token_ids):
             out.new_token_ids = list(out.new_token_ids[:-1])
+            if out.new_logprobs is not None:
+                out.new_logprobs = self.sched.logprob_rows.withhold(
+                    out.request_id, out.new_logprobs, len(out.new_token_ids))
 
     def deliver_pending(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         """Add the outputs made outside this step (merged tokens, finished
@@ -91,6 +95,9 @@ class Joins:
                 eco = outputs[client_index] = EngineCoreOutputs()
             for existing in eco.outputs:
                 if existing.request_id == out.request_id and existing.finish_reason is None:
+                    if out.new_logprobs is not None:
+                        existing.new_logprobs = concat(existing.new_logprobs, rows_of(
+                            out.new_logprobs, len(out.new_token_ids)))
                     existing.new_token_ids = list(existing.new_token_ids) + list(out.new_token_ids)
                     existing.finish_reason = out.finish_reason
                     existing.stop_reason = out.stop_reason
@@ -186,7 +193,7 @@ class Joins:
                 remaining=remaining, family_stops=sched.family_limits.stops_member(st))):
             finish_status = RequestStatus.FINISHED_LENGTH_CAPPED
         if finish_status is not None:
-            self._finish_after_join(st, merge.keep, merge.tokens, finish_status)
+            self._finish_after_join(st, merge.keep, merge.tokens, finish_status, merge.record)
         else:
             self._resume(st, merge.keep, merge.tokens, merge.children, merge.record, remaining)
 
@@ -292,6 +299,36 @@ class Joins:
         lead = len(merged) - sum(n for _, n in layout)  # the fork tag's end, as given back
         return fork.pos, merged, children, [(None, lead), *layout] if lead >= 0 else None
 
+    def _merge_rows(self, st: HookState, keep: int, merged: list[int],
+                    record: JoinRecord) -> list | None:
+        """The logprob rows of a join's ``merged`` tokens, when the request
+        asked for logprobs (engine/logprob_rows.py); a child's own rows
+        become its rows up to ``keep`` and these."""
+        req = st.request
+        params = req.sampling_params
+        if params is None or params.logprobs is None:
+            return None
+        rows = self.sched.logprob_rows
+        fj = self.sched.fork_join
+        rid = req.request_id
+        kept = record.at + st.orig_prompt_len - keep if record.at is not None else 0
+        start = keep - st.orig_prompt_len
+        mine = rows.children.get(rid, []) if rid in fj.children else None
+        if mine is not None:
+            own = mine[start:start + kept]
+        else:
+            row = rows.withheld.get(rid)
+            own = [rows.withheld.pop(rid)] if kept and row is not None and (
+                row[0][0] == merged[0]) else []
+        own += [forced_row(t) for t in merged[len(own):kept]]
+        tree = fj.tree
+        key_to_id = {tree.get(c).key: c for c in record.children if tree.get(c) is not None}
+        out = rows.merge_rows(own, merged, record.pieces, key_to_id)
+        rows.forget(record.children)
+        if mine is not None:
+            rows.children[rid] = mine[:start] + out
+        return out
+
     def _splice_pieces(self, children: list[str], total: int) -> list[Piece]:
         """A splice merge: the fork tag's last token, each path (its child's
         start, then its output), the suffix."""
@@ -345,9 +382,11 @@ class Joins:
         st.accounting = record
         fj.set_quiet(st, None)
         fj.accounting[rid] = st
+        rows = self._merge_rows(st, keep, merged, record)
         if merged and rid not in fj.children:
-            fj.pending_outputs.append(
-                (req.client_index, EngineCoreOutput(request_id=rid, new_token_ids=list(merged))))
+            fj.pending_outputs.append((req.client_index, EngineCoreOutput(
+                request_id=rid, new_token_ids=list(merged),
+                new_logprobs=as_lists(rows) if rows else None)))
         logger.debug("%s joined %d children: %d merged tokens", rid,
                      len(record.children), len(merged))
 
@@ -375,7 +414,7 @@ class Joins:
                                   st.request.num_computed_tokens, sched.block_size)
 
     def _finish_after_join(self, st: HookState, keep: int, merged: list[int],
-                           status: RequestStatus) -> None:
+                           status: RequestStatus, record: JoinRecord) -> None:
         """The parent finishes with its merge: a child gives it to its own
         parent, a request sends it (and its held stop token) to the client."""
         sched = self.sched
@@ -383,6 +422,7 @@ class Joins:
         req = st.request
         rid = req.request_id
         is_child = rid in fj.children
+        rows = self._merge_rows(st, keep, merged, record)
         tokens, text = self.contribution(st, merged, keep) if is_child else (None, None)
         stop_reason = st.final_stop_reason
         fj.unpark(st)
@@ -395,11 +435,15 @@ class Joins:
                               str(RequestStatus.get_finished_reason(status)), text)
             return
         held = [req.all_token_ids[st.stop_pos]] if st.stop_pos is not None else []
+        if rows is not None and held:
+            row = sched.logprob_rows.withheld.pop(rid, None)
+            rows.append(row if row is not None and row[0][0] == held[0] else forced_row(held[0]))
         out = EngineCoreOutput(
             request_id=rid,
             new_token_ids=[*merged, *held],
             finish_reason=RequestStatus.get_finished_reason(status),
             stop_reason=stop_reason,
+            new_logprobs=as_lists(rows) if rows else None,
         )
         self.attach_trace(out)
         fj.drop_state(rid)

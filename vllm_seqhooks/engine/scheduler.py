@@ -48,6 +48,7 @@ from vllm_seqhooks.engine.fair_share import FairShare
 from vllm_seqhooks.engine.family_limits import FamilyLimits
 from vllm_seqhooks.engine.joins import Joins
 from vllm_seqhooks.engine.kv_pressure import KVPressure
+from vllm_seqhooks.engine.logprob_rows import LogprobRows
 from vllm_seqhooks.engine.metrics import ENV_DIR as METRICS_ENV_DIR
 from vllm_seqhooks.engine.metrics import HookMetrics
 from vllm_seqhooks.engine.parking import Parking
@@ -108,6 +109,10 @@ class SeqHooksMixin:
         self.fair_share = FairShare(self)
         self.accounting = Accounting(self)
         self.splicing = Splicing(self)
+        self.logprob_rows = LogprobRows()
+        #: Whether a request with logprobs was admitted (children's rows are
+        #: then kept for their joins).
+        self.logprobs_seen = False
         if self.hooks.tag_format is not None:
             self.admission.text_codec().table  # at start-up, not at the first request
         batch_by_family = self.hooks.batch_order == "family"
@@ -126,6 +131,8 @@ class SeqHooksMixin:
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
+        if request.sampling_params is not None and request.sampling_params.logprobs is not None:
+            self.logprobs_seen = True
         super().add_request(request)
         try:
             self.admission.admit(request)
@@ -181,6 +188,7 @@ class SeqHooksMixin:
         fj = self.fork_join
         rid = request.request_id
         if rid not in fj.children:
+            self.logprob_rows.forget_family(rid)
             fj.drop_state(rid)
             if rid not in fj.tree:
                 fj.drop_family(rid)
@@ -409,6 +417,8 @@ class SeqHooksMixin:
         if fj.idle:
             return outputs
         parked_now, fj.parked_this_step = fj.parked_this_step, set()
+        if self.logprobs_seen and fj.children:
+            self.logprob_rows.keep_children(outputs, fj)
         self.joins.filter_outputs(outputs, parked_now)
         self.joins.join_ready()
         self.joins.deliver_pending(outputs)
@@ -443,7 +453,8 @@ class SeqHooksMixin:
 
     def hook_state_sizes(self) -> dict[str, int]:
         """Sizes of the scheduler's fork/join state (for leak checks)."""
-        return {**self.fork_join.sizes(requests=len(self.requests)), **self.splicing.sizes()}
+        return {**self.fork_join.sizes(requests=len(self.requests)), **self.splicing.sizes(),
+                **self.logprob_rows.sizes()}
 
 
 def _hooks_of(vllm_config) -> SpecialKwargs:

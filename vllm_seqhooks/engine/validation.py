@@ -37,12 +37,12 @@ def check_request(sampling_params: Any) -> None:
     overrides = parse_request_overrides(sampling_params.extra_args)
     if overrides.get("enabled", True) is False:
         return
-    if sampling_params.logprobs is not None or sampling_params.prompt_logprobs is not None:
+    if sampling_params.prompt_logprobs is not None:
         raise ValueError(
-            "logprobs/prompt_logprobs cannot be combined with sequence hooks: "
-            "merged child tokens are not sampled by the parent and have no "
-            "logprobs (send seqhooks_enabled=false in vllm_xargs / extra_args "
-            "to turn hooks off for this request)"
+            "prompt_logprobs cannot be combined with sequence hooks: a join's merged "
+            "tokens are not a prompt the request was scored on (sample logprobs work: "
+            "a child's tokens carry its logprobs; send seqhooks_enabled=false in "
+            "vllm_xargs / extra_args to turn hooks off for this request)"
         )
 
 

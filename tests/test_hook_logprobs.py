@@ -1,0 +1,103 @@
+"""Sample logprobs with hooks (engine/logprob_rows.py), on both model
+runners, sync and async: every output token carries a row at its place in the merged output;
+a token a parent or a child sampled carries the logprob its sampler
+computed, which equals vLLM's own score of that token in the context the
+node was conditioned on (its per-call row: stock vLLM's prompt_logprobs
+over context + response); a token the engine inserted carries 0.0, and
+the rollout rows give it None."""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import pytest
+
+from vllm_seqhooks.testing.engine_modes import MODES, run_in_mode
+
+pytestmark = pytest.mark.slow
+
+GOAL = ("<Parallel>\n<Goal>\n<Outline>\n1: x\n</Outline>\n<Outline>\n2: y\n</Outline>\n</Goal>"
+        "</Conclusion>\n</Parallel> done")
+CASES = {
+    "promise": ({"format": "promise", "merge_separator": ","},
+                "ab<promise>xy</promise><promise>zw</promise>c<sync>done",
+                {"0": "AAA", "1": "BBBB"}),
+    "multiverse-reprefill": ({"format": "multiverse", "join": "reprefill",
+                              "max_child_depth": 1, "fork_min_tokens": None},
+                             GOAL, {"0": " p\n</Path>", "1": " q"}),
+    "multiverse-splice": ({"format": "multiverse", "max_child_depth": 1,
+                           "fork_min_tokens": None}, GOAL, {"0": " p\n</Path>", "1": " q"}),
+}
+#: Each case on the V1 runner with sync scheduling; the splice case also
+#: with async scheduling on V1 and on V2 (V2 runs in Triton's interpreter).
+RUNS = [(MODES[0], name) for name in CASES] + [
+    (mode, "multiverse-splice") for mode in (MODES[1], MODES[3])]
+
+
+@pytest.fixture(scope="module")
+def stock(tiny_model_dir):
+    import vllm
+
+    from vllm_seqhooks.testing.forkjoin import scripted_engine_kwargs
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        llm = vllm.LLM(tiny_model_dir, **scripted_engine_kwargs(tiny_model_dir))
+        yield llm
+    del llm
+    gc.collect()
+
+
+def _scores(stock, calls) -> list[list[float]]:
+    """Stock vLLM's logprob of each response token given what precedes it."""
+    from vllm import SamplingParams
+
+    outs = stock.generate([{"prompt_token_ids": c["context_ids"] + c["response_ids"]}
+                           for c in calls], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                          use_tqdm=False)
+    got = []
+    for c, out in zip(calls, outs):
+        ids = c["context_ids"] + c["response_ids"]
+        got.append([out.prompt_logprobs[i][ids[i]].logprob
+                    for i in range(len(c["context_ids"]), len(ids))])
+    return got
+
+
+@pytest.mark.parametrize(("mode", "name"), RUNS, ids=[f"{m.id}-{n}" for m, n in RUNS])
+def test_logprobs_with_hooks_are_the_models(mode, name, stock, tiny_model_dir):
+    reason = mode.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    spec, script, children = CASES[name]
+    got = run_in_mode(mode, "vllm_seqhooks.testing.logprob_families:run_family",
+                      kwargs=dict(model=tiny_model_dir, spec=spec, script=script,
+                                  children=children))
+    assert not got["leftover"]
+    tokens, rows, row = got["token_ids"], got["rows"], got["row"]
+    assert len(rows) == len(tokens) == len(row["response_mask"])
+    assert got["modes"] == ["splice" if name.endswith("splice") else "reprefill"]
+    for t, entry, lp, sampled in zip(tokens, rows, row["rollout_logprobs"],
+                                     row["response_mask"]):
+        assert str(t) in entry
+        if sampled:
+            assert lp == entry[str(t)]
+        else:
+            assert lp is None and entry[str(t)] == 0.0  # inserted
+    assert math.isfinite(got["cumulative_logprob"])
+    # What each node sampled, scored by stock vLLM in that node's context
+    # (causal: after a splice join the parent's context is not, so only
+    # its tokens before the fork are scored there).
+    calls = got["calls"]
+    if got["modes"] == ["splice"]:
+        calls = [c for c in calls if c["node_id"] or c is calls[0]]
+    scores = _scores(stock, calls)
+    sampled_by: dict[str, list[float]] = {}
+    for lp, m, n in zip(row["rollout_logprobs"], row["response_mask"], row["node_ids"]):
+        if m:
+            sampled_by.setdefault(n, []).append(lp)
+    for node, lps in sampled_by.items():
+        want = [s for c, sc in zip(calls, scores) if c["node_id"] == node for s in sc]
+        lps = lps[:len(want)]  # (the parent's after a splice join: not scored)
+        assert len(lps) >= 2
+        assert max(abs(a - b) for a, b in zip(lps, want)) < 2e-4, node
