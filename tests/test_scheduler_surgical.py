@@ -46,6 +46,7 @@ ZERO_STATE = {
     "splice_held": 0,
     "splice_pending": 0,
     "splice_maps": 0,
+    "logprob_rows": 0,
 }
 
 
