@@ -1,13 +1,15 @@
 """The engine arguments of an engine with hooks, for both entry points
 (``vllm_seqhooks.LLM``'s keyword arguments and ``vllm serve``'s flags): the
 fork/join scheduler, the worker extension, the configuration in
-``additional_config``; and the tokenizer those arguments name."""
+``additional_config``; the tokenizer those arguments name; and, inside the
+engine, the hook settings and model name read back from its config."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
+from vllm_seqhooks.config.special_kwargs import (
+    ADDITIONAL_CONFIG_KEY, SpecialKwargs, SpecialKwargsError)
 from vllm_seqhooks.engine import SCHEDULER_CLASS_PATH, WORKER_EXTENSION_CLASS_PATH
 
 KV_TRANSFER_REFUSAL = (
@@ -51,3 +53,28 @@ def load_tokenizer(model: str, **engine_kwargs: Any):
     if mode is not None:
         kwargs["tokenizer_mode"] = mode
     return get_tokenizer(engine_kwargs.get("tokenizer") or model, **kwargs)
+
+
+def engine_hooks(vllm_config) -> SpecialKwargs:
+    """The engine's hook settings, resolved against its tokenizer if needed."""
+    hooks = SpecialKwargs.from_additional_config(vllm_config.additional_config)
+    if hooks is None:
+        raise ValueError(
+            f"SeqHooksScheduler needs additional_config['{ADDITIONAL_CONFIG_KEY}'] (a "
+            "SpecialKwargs dict); use vllm_seqhooks.LLM(special_kwargs=...) or the "
+            "vllm serve flags")
+    if not hooks.is_resolved:
+        from vllm.tokenizers import cached_tokenizer_from_config
+
+        tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
+        hooks = hooks.resolve(tokenizer, vllm_config.model_config.get_vocab_size())
+    hooks.check_vocab(vllm_config.model_config.get_vocab_size())
+    return hooks
+
+
+def served_model_name(model_config) -> str:
+    """The engine's model name as its metrics label it."""
+    name = model_config.served_model_name
+    if isinstance(name, (list, tuple)):
+        name = name[0]
+    return str(name or model_config.model)

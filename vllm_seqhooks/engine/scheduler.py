@@ -37,12 +37,13 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY, SpecialKwargs
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.core.batch_order import keep_families_together
 from vllm_seqhooks.core.request_tree import ABORTED, FAILED
 from vllm_seqhooks.engine import WORKER_EXTENSION_CLASS_PATH, patches, vllm_private
 from vllm_seqhooks.engine.accounting import Accounting
 from vllm_seqhooks.engine.admission import Admission
+from vllm_seqhooks.engine.engine_args import engine_hooks, served_model_name
 from vllm_seqhooks.engine.engine_support import unsupported_engine, unsupported_splice
 from vllm_seqhooks.engine.fair_share import FairShare
 from vllm_seqhooks.engine.family_limits import FamilyLimits
@@ -85,7 +86,7 @@ class SeqHooksMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         vllm_config = self.vllm_config
-        self.hooks = _hooks_of(vllm_config)
+        self.hooks = engine_hooks(vllm_config)
         #: vLLM's own ``_update_request_with_output`` (bound once: the
         #: common step calls it without looking it up).
         self._vllm_update_request = super()._update_request_with_output
@@ -96,7 +97,7 @@ class SeqHooksMixin:
                 lambda request: request.request_id in children)
         self.metrics = HookMetrics(
             engine=str(vllm_config.parallel_config.data_parallel_index),
-            model_name=_model_name(vllm_config.model_config),
+            model_name=served_model_name(vllm_config.model_config),
             directory=os.environ.get(METRICS_ENV_DIR),
         )
         self.admission = Admission(self)
@@ -455,30 +456,6 @@ class SeqHooksMixin:
         """Sizes of the scheduler's fork/join state (for leak checks)."""
         return {**self.fork_join.sizes(requests=len(self.requests)), **self.splicing.sizes(),
                 **self.logprob_rows.sizes()}
-
-
-def _hooks_of(vllm_config) -> SpecialKwargs:
-    """The engine's hook settings, resolved against its tokenizer if needed."""
-    hooks = SpecialKwargs.from_additional_config(vllm_config.additional_config)
-    if hooks is None:
-        raise ValueError(
-            f"SeqHooksScheduler needs additional_config['{ADDITIONAL_CONFIG_KEY}'] (a "
-            "SpecialKwargs dict); use vllm_seqhooks.LLM(special_kwargs=...) or the "
-            "vllm serve flags")
-    if not hooks.is_resolved:
-        from vllm.tokenizers import cached_tokenizer_from_config
-
-        tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
-        hooks = hooks.resolve(tokenizer, vllm_config.model_config.get_vocab_size())
-    hooks.check_vocab(vllm_config.model_config.get_vocab_size())
-    return hooks
-
-
-def _model_name(model_config) -> str:
-    name = model_config.served_model_name
-    if isinstance(name, (list, tuple)):
-        name = name[0]
-    return str(name or model_config.model)
 
 
 class SeqHooksSyncScheduler(SeqHooksMixin, Scheduler):
