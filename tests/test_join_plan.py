@@ -93,3 +93,18 @@ def test_request_hooks_and_scanners():
     assert isinstance(scanner, TagFormatScanner) and scanner.fork_index == -1
     assert tw_child.child_max_tokens == 5
     assert request_scanner(TAGS, request_hooks(TAGS, {"max_children_per_request": 0}, 0), codec) is None
+
+
+def test_common_prefix_of_long_sequences():
+    """Chunked comparison: the same answer as a token-by-token scan, for
+    lists and tuples, a difference anywhere (also on chunk edges)."""
+    import random
+
+    from vllm_seqhooks.core.join_plan import common_prefix
+
+    rng = random.Random(3)
+    for _ in range(200):
+        a = [rng.randrange(3) for _ in range(rng.choice([0, 5, 255, 256, 257, 900]))]
+        b = list(a[:rng.randint(0, len(a))]) + [rng.randrange(3) for _ in range(rng.randint(0, 300))]
+        want = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert common_prefix(a, b) == common_prefix(tuple(a), b) == want

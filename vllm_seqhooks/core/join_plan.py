@@ -82,12 +82,22 @@ def first_child_covers(shared_tokens: int, child_tokens: int, parent_computed: i
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
+    """How many leading tokens ``a`` and ``b`` share (compared a chunk at a
+    time: a child's prompt shares thousands of tokens with its parent)."""
     n = min(len(a), len(b))
-    for i in range(n):
+    start = 0
+    while start < n:
+        stop = min(start + _CHUNK, n)
+        if list(a[start:stop]) != list(b[start:stop]):
+            break
+        start = stop
+    for i in range(start, n):
         if a[i] != b[i]:
             return i
     return n
+
+
+_CHUNK = 256
 
 
 #: Who gave a run of merged tokens: a child (its key in the request tree, its

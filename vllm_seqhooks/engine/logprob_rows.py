@@ -89,13 +89,8 @@ class LogprobRows:
         the rows it still sends."""
         if lists is None or index < 0 or index >= len(lists.logprob_token_ids):
             return lists
-        (self.withheld[rid],) = rows_of(
-            LogprobsLists(lists.logprob_token_ids[index:index + 1], lists.logprobs[index:index + 1],
-                          lists.sampled_token_ranks[index:index + 1], None), 1)
-        if index == 0:
-            return None
-        return LogprobsLists(lists.logprob_token_ids[:index], lists.logprobs[:index],
-                             lists.sampled_token_ranks[:index], None)
+        (self.withheld[rid],) = rows_of(lists.slice_request(index, 1), 1)
+        return lists.slice_request(0, index) if index else None
 
     def merge_rows(self, own: Sequence[Row], merged: Sequence[int],
                    pieces: Optional[Sequence[Sequence]], key_to_id: dict[str, str]) -> list[Row]:
