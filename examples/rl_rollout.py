@@ -5,9 +5,9 @@ and the training rows a trainer takes from them (docs/rl.md).
     python examples/rl_rollout.py --problems 4 --group 8 --show 2
 
 Each problem is sampled ``--group`` times at temperature 1 (a GRPO group:
-``--group`` requests of one prompt, as ``n`` > 1 gives one hook trace for
-all completions). The model decides where to fork; the engine runs the
-children and joins them. For every sample it prints the reward (the
+one request with ``n = --group``; each sample is its own fork/join family
+with its own hook trace). The model decides where to fork; the engine runs
+the children and joins them. For every sample it prints the reward (the
 answer is right), how many tokens the policy sampled and how many the
 engine inserted (``rollout.training_rows``), and for the first ``--show``
 samples the ThreadWeaver-style per-call rows (``rollout.per_call_rows``).
@@ -37,32 +37,31 @@ def main() -> None:
     llm = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS)
     tok = llm.get_tokenizer()
     problems = task.heldout_problems(args.problems, seed=task.HELDOUT_SEED + args.seed)
-    prompts = [p.prompt for p in problems for _ in range(args.group)]
-    params = SamplingParams(temperature=1.0, max_tokens=task.PARENT_MAX_TOKENS)
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    params = SamplingParams(n=args.group, temperature=1.0, max_tokens=task.PARENT_MAX_TOKENS)
+    outs = llm.generate([p.prompt for p in problems], params, use_tqdm=False)
 
     shown = 0
-    for g, problem in enumerate(problems):
-        group = outs[g * args.group:(g + 1) * args.group]
-        rewards = [float(task.summarize([problem], [o.outputs[0].text])["correct"])
-                   for o in group]
+    for g, (problem, out) in enumerate(zip(problems, outs)):
+        rows = rollout.training_rows(out)  # one per sample of the group
+        calls = rollout.per_call_rows(out)
+        texts = [c.text for c in out.outputs]
+        rewards = [float(task.summarize([problem], [t])["correct"]) for t in texts]
         mean = statistics.fmean(rewards)
-        distinct = len({tuple(o.outputs[0].token_ids) for o in group})
+        distinct = len({tuple(row["response_ids"]) for row in rows})
         print(f"problem {g}: {problem.prompt!r}  mean reward {mean:.2f}, "
-              f"{distinct} distinct samples of {len(group)}")
-        for out, reward in zip(group, rewards):
-            (row,) = rollout.training_rows(out)
+              f"{distinct} distinct samples of {len(rows)}")
+        for i, (row, reward) in enumerate(zip(rows, rewards)):
             sampled = sum(row["response_mask"])
             nodes = sorted(set(row["node_ids"]))
-            calls = rollout.per_call_rows(out)
+            mine = [r for r in calls if r["completion_index"] == i]
             # (ThreadWeaver's merge re-tokenizes text: its children's tokens
             # have their loss in their own per-call rows, not in this row.)
             print(f"  reward {reward:.0f} advantage {reward - mean:+.2f}: "
                   f"{len(row['response_ids'])} response tokens, {sampled} with loss in "
-                  f"the row (nodes {nodes}); {len(calls)} per-call rows")
+                  f"the row (nodes {nodes}); {len(mine)} per-call rows")
             if shown < args.show:
                 shown += 1
-                for r in calls:
+                for r in mine:
                     print(f"    node {r['node_id'] or 'root'!s:>4} last={r['is_last']!s:5} "
                           f"context {len(r['context_ids'])} tokens -> "
                           f"{tok.decode(r['response_ids'])!r}")

@@ -319,6 +319,36 @@ def test_seeded_sampling_children_are_deterministic(engines):
     assert len(o) == 2 and all(len(x) == 6 for x in o)
 
 
+def test_each_of_n_samples_is_its_own_family_with_its_own_trace(engines):
+    """``n`` > 1 (GRPO groups): every sample forks and joins its own children,
+    each completion keeps its own trace (vLLM's frontend alone would give
+    all of them the last finished one's) and its own training row; seeded,
+    the samples' children differ from each other and repeat run to run."""
+    from vllm_seqhooks import get_hook_traces, rollout
+
+    hooked, _, S = engines
+    params = S.params("<promise>a</promise><promise>b</promise><sync>", None, child_end=None,
+                      temperature=1.0, seed=99, n=3,
+                      extra_args={"seqhooks_child_max_tokens": 6})
+    out = gen(hooked, [PROMPT], params)[0]
+    traces = out.hook_traces
+    assert len(out.outputs) == len(traces) == 3 and out.hook_trace is traces[0]
+    assert get_hook_traces(out) is traces
+    assert [t["request_id"].split("_")[0] for t in traces] == ["0", "1", "2"]
+    children = [[c["output_token_ids"] for c in t["children"]] for t in traces]
+    assert all(len(c) == 2 and all(len(x) == 6 for x in c) for c in children)
+    assert len({tuple(map(tuple, c)) for c in children}) == 3  # seed + index, derived
+    rows = rollout.training_rows(out)
+    for row, completion, trace, kids in zip(rows, out.outputs, traces, children):
+        assert row["response_ids"] == list(completion.token_ids)
+        merged = [t for t, key in zip(row["response_ids"], row["node_ids"]) if key == "0"]
+        assert merged == kids[0]
+    assert len({r["base_id"] for r in rollout.per_call_rows(out)}) == 3
+    again = gen(hooked, [PROMPT], params)[0]
+    assert [[c["output_token_ids"] for c in t["children"]] for t in again.hook_traces] == children
+    assert [list(c.token_ids) for c in again.outputs] == [list(c.token_ids) for c in out.outputs]
+
+
 def test_families_are_contiguous_in_the_model_batch(engines):
     """Children start at their own </promise>, so with several parents the
     arrival order interleaves families (child 0 of each, then child 1 ...);

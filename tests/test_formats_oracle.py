@@ -182,9 +182,9 @@ def test_rollout_rows_are_the_loops_own_calls(native, stock):
     assert row["prompt_ids"] == list(out.prompt_token_ids)
     assert row["response_ids"] == list(out.outputs[0].token_ids)
     assert len(row["position_ids"]) == len(row["prompt_ids"]) + len(row["response_ids"])
-    from vllm_seqhooks.core.trace import iter_nodes
+    from vllm_seqhooks.core.trace import iter_nodes, raw_trace
 
-    trace = rollout.raw_trace(out)
+    trace = raw_trace(out)
     dropped = {n["key"]: n.get("dropped_token_ids", []) for n in iter_nodes(trace)}
     inserted = [t for t, m in zip(row["response_ids"], row["response_mask"]) if not m]
     assert inserted  # headers, separators, suffix

@@ -90,8 +90,31 @@ def test_splice_positions():
     assert row["position_ids"] == [0, 1, 2, 3, 4, 5, 6, 7, 5, 6, 8, 9]
 
 
-def test_one_completion_per_output():
-    out = _output([1], [2], None)
-    out.outputs.append(out.outputs[0])
-    with pytest.raises(ValueError, match="one completion"):
+def test_each_of_n_completions_gets_its_own_rows():
+    """With ``n`` > 1 every completion is its own family: its own trace
+    (kv_transfer_params["seqhooks_traces"], in output order), its rows and
+    base id; a completion without hooks has plain rows."""
+    from vllm_seqhooks.core.trace import TRACES_KEY, completion_traces, with_completion_traces
+
+    params = with_completion_traces({"other": 1, TRACE_KEY: "last finished"}, [None, TRACE])
+    assert params == {"other": 1, TRACES_KEY: [None, TRACE]}  # (the first had no hook)
+    out = _output([1, 2], [5, 6], None, request_id="req")
+    out.outputs = [SimpleNamespace(index=0, token_ids=[5, 6], logprobs=None),
+                   SimpleNamespace(index=1, token_ids=RESPONSE, logprobs=None)]
+    out.kv_transfer_params = params
+    assert completion_traces(out) == [None, TRACE]
+    plain, hooked = rollout.training_rows(out)
+    assert plain["response_mask"] == [1, 1] and plain["node_ids"] == ["", ""]
+    (alone,) = rollout.training_rows(_output([1, 2], RESPONSE, TRACE))
+    assert hooked == alone
+    calls = rollout.per_call_rows(out)
+    assert {r["base_id"] for r in calls} == {"0_req", "1_req"}
+    assert [r for r in calls if r["completion_index"] == 1] == [
+        dict(r, base_id="1_req", completion_index=1)
+        for r in rollout.per_call_rows(_output([1, 2], RESPONSE, TRACE))]
+    assert all(r["base_id"] == "0_req" for r in calls if r["completion_index"] == 0)
+    assert [r["is_last"] for r in calls if r["node_id"] == ""] == [True, False, True]
+    # several prompts in one OpenAI response carry the first one's traces only
+    out.kv_transfer_params = {TRACE_KEY: TRACE}
+    with pytest.raises(ValueError, match="one prompt per request"):
         rollout.training_rows(out)

@@ -350,10 +350,20 @@ def test_logprobs_with_hooks_over_http(client, tiny_model_dir, S):
 
 def test_n_and_stop_strings(client, tiny_model_dir, S):
     # (stock vLLM wants n=1 with greedy sampling; the script forces the tokens)
+    from vllm_seqhooks import rollout
+    from vllm_seqhooks.core.trace import TRACES_KEY
+
     r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
                                   temperature=1.0, seed=7, n=2,
-                                  extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
+                                  extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN),
+                                              "return_token_ids": True})
     assert [c.text for c in r.choices] == [EXPECTED, EXPECTED]
+    # each sample is its own family: one trace per choice, one training row each
+    traces = r.model_extra["kv_transfer_params"][TRACES_KEY]
+    assert [t["request_id"].split("_")[0] for t in traces] == ["0", "1"]
+    rows = rollout.training_rows(r)
+    assert [row["response_ids"] for row in rows] == [c.token_ids for c in r.choices]
+    assert all(0 in row["response_mask"] for row in rows)  # the inserted separator
     # a stop string is matched by vLLM's frontend on the parent's merged text
     r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
                                   temperature=0, stop=["BBBB"],

@@ -50,6 +50,7 @@ def test_frontend_private_api_is_present():
     from vllm_seqhooks.engine import vllm_private
 
     assert vllm_private.input_processor_problems() == []
+    assert vllm_private.output_processor_problems() == []
 
 
 def test_a_changed_frontend_api_is_reported(monkeypatch):
@@ -59,3 +60,14 @@ def test_a_changed_frontend_api_is_reported(monkeypatch):
 
     monkeypatch.setattr(InputProcessor, "_validate_params", lambda self, params: None)
     assert any("_validate_params" in p for p in vllm_private.input_processor_problems())
+
+
+def test_a_changed_output_processor_is_reported(monkeypatch):
+    from vllm.v1.engine.output_processor import RequestState
+
+    from vllm_seqhooks.engine import vllm_private
+
+    monkeypatch.setattr(RequestState, "make_request_output",
+                        lambda self, new_token_ids, pooling_output, finish_reason: None)
+    found = vllm_private.output_processor_problems()
+    assert any("make_request_output" in p for p in found)

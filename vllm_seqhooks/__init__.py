@@ -5,7 +5,7 @@ not import vLLM; ``LLM`` is loaded on first use.
 """
 
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
-from vllm_seqhooks.core.trace import format_tree, get_hook_trace
+from vllm_seqhooks.core.trace import format_tree, get_hook_trace, get_hook_traces
 
 __version__ = "0.1.0"
 
@@ -14,6 +14,7 @@ __all__ = [
     "SpecialKwargs",
     "SpecialKwargsError",
     "get_hook_trace",
+    "get_hook_traces",
     "format_tree",
     "__version__",
 ]

@@ -14,7 +14,8 @@ records, for every join, where the merged tokens start in the parent's
 output (``at``) and who gave them (``pieces``: runs of a child's output or
 of inserted tokens); this module turns that into rows.
 
-- :func:`training_rows`: one dict per completion with ``prompt_ids``,
+- :func:`training_rows`: one dict per completion (``n`` of them; each of
+  ``n`` samples is its own fork/join family with its own trace) with ``prompt_ids``,
   ``response_ids`` (the merged output, as the parent's context holds it),
   ``response_mask`` (1 sampled, 0 inserted), ``position_ids`` (prompt
   included), ``node_ids`` (``""`` the request itself, ``"0"``, ``"0.1"``...
@@ -25,8 +26,8 @@ of inserted tokens); this module turns that into rows.
   (``threadweaver_rl/verl/experimental/agent_loop/single_turn_agent_loop.py``):
   one row per stretch a node sampled without a join in between, with the
   exact tokens it was conditioned on (``context_ids``), what it sampled
-  (``response_ids``), ``base_id`` shared by the family and ``is_last``
-  (the root's last row).
+  (``response_ids``), ``base_id`` shared by the family, ``is_last`` (the
+  root's last row) and ``completion_index`` (which of ``n`` samples).
 
 A merge that re-tokenizes text at its boundaries (``boundary_tokenization:
 "text"``, ThreadWeaver's preset) has no token-by-token owner: its merged
@@ -39,7 +40,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from vllm_seqhooks.core.splice_map import SpliceMap, SplicePath
-from vllm_seqhooks.core.trace import TRACE_KEY, raw_trace
+from vllm_seqhooks.core.trace import completion_traces
 
 #: One output token's origin: (node key, sampled?).
 Origin = tuple[str, bool]
@@ -54,27 +55,37 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
     return default if found is None else found
 
 
-def _read(output: Any) -> tuple[list[int], list[int], Optional[dict], Any, str]:
+#: One completion as the rows read it.
+Completion = tuple[list[int], list[int], Optional[dict], Any, str]
+
+
+def _read(output: Any) -> list[Completion]:
     """(prompt ids, response ids, hook trace, sample logprobs or None,
-    request id) of a RequestOutput or an OpenAI completion response."""
+    base id) of each completion of a RequestOutput or an OpenAI completion
+    response. With ``n`` > 1 each completion is its own family: its base
+    id is vLLM's id for that sample (``"<index>_<request id>"``)."""
     choices = _get(output, "choices")
     completions = list(choices if choices is not None else _get(output, "outputs", ()))
-    if len(completions) != 1:
+    traces = completion_traces(output)
+    if len(completions) > 1 and len(traces) != len(completions):
         raise ValueError(
-            f"training rows need one completion per output, got {len(completions)} "
-            "(with n > 1 vLLM reports one hook trace for all of them; send n requests)")
-    (comp,) = completions
-    trace = _get(output, "hook_trace")
-    if choices is None:
-        trace = trace if trace is not None else raw_trace(output)
-        return (list(output.prompt_token_ids or ()), list(comp.token_ids), trace,
-                comp.logprobs, str(_get(output, "request_id", "")))
-    response = _get(comp, "token_ids")
-    if response is None:
-        raise ValueError("the completion has no token ids: ask with \"return_token_ids\": true")
-    params = _get(output, "kv_transfer_params") or {}
-    return (list(_get(comp, "prompt_token_ids", ())), list(response), params.get(TRACE_KEY),
-            None, str(_get(output, "id", "")))
+            f"{len(completions)} completions but {len(traces)} hook trace(s): rows need "
+            "one prompt per request (an OpenAI response answers several prompts with "
+            "the first one's traces only)")
+    request_id = str(_get(output, "request_id" if choices is None else "id", ""))
+    read = []
+    for i, comp in enumerate(completions):
+        base = request_id if len(completions) == 1 else f"{_get(comp, 'index', i)}_{request_id}"
+        trace = traces[i] if i < len(traces) else None
+        if choices is None:
+            read.append((list(output.prompt_token_ids or ()), list(comp.token_ids), trace,
+                         comp.logprobs, base))
+            continue
+        response = _get(comp, "token_ids")
+        if response is None:
+            raise ValueError("the completion has no token ids: ask with \"return_token_ids\": true")
+        read.append((list(_get(comp, "prompt_token_ids", ())), list(response), trace, None, base))
+    return read
 
 
 def origins(node: dict[str, Any], output_ids: list[int]) -> list[Origin]:
@@ -133,7 +144,11 @@ def splice_map(node: dict[str, Any], inherited: SpliceMap = SpliceMap(),
 
 def training_rows(request_output: Any) -> list[dict[str, Any]]:
     """One row per completion of ``request_output`` (see the module doc)."""
-    prompt, response, trace, sample_logprobs, _ = _read(request_output)
+    return [_training_row(*completion) for completion in _read(request_output)]
+
+
+def _training_row(prompt: list[int], response: list[int], trace: Optional[dict],
+                  sample_logprobs: Any, _base: str) -> dict[str, Any]:
     if trace is None:
         given = [("", True)] * len(response)
         positions = list(range(len(prompt) + len(response)))
@@ -145,20 +160,27 @@ def training_rows(request_output: Any) -> list[dict[str, Any]]:
     if sample_logprobs is not None:  # (an inserted token's row says 0.0: None here)
         logprobs = [entry[token].logprob if sampled and entry and token in entry else None
                     for token, entry, (_, sampled) in zip(response, sample_logprobs, given)]
-    return [{
+    return {
         "prompt_ids": prompt,
         "response_ids": response,
         "response_mask": [1 if sampled else 0 for _, sampled in given],
         "position_ids": positions,
         "node_ids": [key for key, _ in given],
         "rollout_logprobs": logprobs,
-    }]
+    }
 
 
 def per_call_rows(request_output: Any) -> list[dict[str, Any]]:
     """ThreadWeaver-style rows, one per stretch a node sampled (see the
-    module doc), parents before their children, in the trace's order."""
-    prompt, response, trace, _, base = _read(request_output)
+    module doc), parents before their children, in the trace's order; with
+    ``n`` > 1, the rows of each completion in turn (each its own
+    ``base_id``)."""
+    return [dict(row, completion_index=i) for i, completion in enumerate(_read(request_output))
+            for row in _call_rows(*completion)]
+
+
+def _call_rows(prompt: list[int], response: list[int], trace: Optional[dict],
+               _logprobs: Any, base: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     def walk(node: dict[str, Any], node_prompt: list[int], output: list[int]) -> None:

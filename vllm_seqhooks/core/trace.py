@@ -16,6 +16,45 @@ from vllm_seqhooks.core.request_tree import HookNode
 
 #: Key of the hook trace in a finished request's ``kv_transfer_params``.
 TRACE_KEY = "seqhooks"
+#: With ``n`` > 1: key of the list of traces, one per completion (in the
+#: order of ``RequestOutput.outputs``; None where no hook fired). vLLM's
+#: frontend keeps one ``kv_transfer_params`` for all ``n`` completions; the
+#: frontend patch ``per_completion_traces`` collects each one's here, and
+#: ``TRACE_KEY`` then holds the first completion's.
+TRACES_KEY = "seqhooks_traces"
+
+
+def with_completion_traces(params: dict[str, Any] | None,
+                           traces: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """A request's ``kv_transfer_params`` carrying one trace per completion
+    (``traces``, in output order); ``params`` unchanged when none fired."""
+    if not any(t is not None for t in traces):
+        return params
+    merged = {k: v for k, v in (params or {}).items() if k != TRACE_KEY}
+    merged[TRACES_KEY] = list(traces)
+    if traces[0] is not None:
+        merged[TRACE_KEY] = traces[0]
+    return merged
+
+
+def completion_traces(output: Any) -> list[dict[str, Any] | None]:
+    """One trace per completion of a finished output (``RequestOutput`` or
+    an OpenAI response as a dict/object), in the order of its completions."""
+    params = _field(output, "kv_transfer_params") or {}
+    listed = params.get(TRACES_KEY) if isinstance(params, dict) else None
+    if isinstance(listed, list):
+        return listed
+    trace = params.get(TRACE_KEY) if isinstance(params, dict) else None
+    return [trace if isinstance(trace, dict) else None]
+
+
+def _field(obj: Any, name: str) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name)
+    found = getattr(obj, name, None)
+    if found is None:  # a pydantic model's extra fields
+        found = (getattr(obj, "model_extra", None) or {}).get(name)
+    return found
 
 
 def build_trace(
@@ -134,7 +173,8 @@ def decorate(trace: dict[str, Any], decode) -> dict[str, Any]:
 
 
 def get_hook_trace(output: Any, tokenizer: Any = None) -> dict[str, Any] | None:
-    """The hook tree of a finished ``RequestOutput`` (None if no hook fired)."""
+    """The hook tree of a finished ``RequestOutput`` (None if no hook fired;
+    with ``n`` > 1, of ``outputs[0]``: :func:`get_hook_traces` has all)."""
     existing = getattr(output, "hook_trace", None)
     if existing is not None:
         return existing
@@ -144,9 +184,27 @@ def get_hook_trace(output: Any, tokenizer: Any = None) -> dict[str, Any] | None:
     return trace
 
 
+def get_hook_traces(output: Any, tokenizer: Any = None) -> list[dict[str, Any] | None]:
+    """The hook tree of each completion of a finished ``RequestOutput``, in
+    the order of ``output.outputs`` (None where no hook fired)."""
+    existing = getattr(output, "hook_traces", None)
+    if existing is not None:
+        return existing
+    traces = completion_traces(output)
+    if tokenizer is not None:
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+        for trace in traces:
+            if trace is not None:
+                decorate(trace, decode)
+    return traces
+
+
 def attach_traces(outputs: Iterable[Any], tokenizer: Any) -> None:
+    """``hook_trace`` (the first completion's) and ``hook_traces`` (one per
+    completion) on each output."""
     for out in outputs:
         try:
+            out.hook_traces = get_hook_traces(out, tokenizer)
             out.hook_trace = get_hook_trace(out, tokenizer)
         except AttributeError:  # pragma: no cover - slotted output classes
             pass

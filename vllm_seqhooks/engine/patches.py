@@ -21,6 +21,12 @@ patch                  what, why, when installed, when it can go
                        when the frontend's module is imported, and by
                        ``vllm_seqhooks.LLM``. Can go when vLLM gives the
                        scheduler (or a plugin) a per-request admission check.
+``completion_traces``  ``RequestState.make_request_output``: with ``n`` > 1
+                       the answer carries each completion's hook trace, not
+                       only the last finished one's
+                       (``kv_transfer_params["seqhooks_traces"]``). Installed
+                       like ``request_validation``. Can go when vLLM keeps
+                       each completion's ``kv_transfer_params``.
 ``family_batch_order`` ``GPUModelRunner._may_reorder_batch`` (V1 model runner):
                        each fork/join family is contiguous in the persistent
                        batch (:mod:`vllm_seqhooks.core.batch_order`). Installed
@@ -58,16 +64,19 @@ def install_plugin_patches() -> None:
     from vllm_seqhooks.engine.post_import import when_imported
 
     when_imported("vllm.v1.engine.input_processor", _install_request_validation_logged)
+    when_imported("vllm.v1.engine.output_processor", _install_completion_traces_logged)
     _install_serve_flags()
 
 
 def install_frontend_patches() -> None:
     """What a frontend that starts engines with hooks needs
-    (``vllm_seqhooks.LLM``): the request check. Raises
-    :class:`~.vllm_private.VllmPrivateAPIError` when it cannot be installed."""
+    (``vllm_seqhooks.LLM``): the request check and per-completion traces.
+    Raises :class:`~.vllm_private.VllmPrivateAPIError` when one cannot be
+    installed."""
     from vllm_seqhooks.engine import vllm_private
 
     vllm_private.install_request_validator()
+    vllm_private.install_per_completion_traces()
 
 
 def install_worker_patches() -> bool:
@@ -90,6 +99,15 @@ def _install_request_validation_logged() -> None:
         # Stock engines in this process must keep working; an engine with
         # hooks fails its own version check at start-up.
         logger.error("%s", exc)
+
+
+def _install_completion_traces_logged() -> None:
+    from vllm_seqhooks.engine import vllm_private
+
+    try:
+        vllm_private.install_per_completion_traces()
+    except vllm_private.VllmPrivateAPIError as exc:
+        logger.error("%s", exc)  # (as for the request check)
 
 
 def _install_serve_flags() -> None:

@@ -13,6 +13,7 @@ def run_family(model: str, spec: dict[str, Any], script: str,
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm_seqhooks import rollout
+    from vllm_seqhooks.core.trace import raw_trace
     from vllm_seqhooks.llm import LLM
     from vllm_seqhooks.testing.forkjoin import Scripts, scheduler_of, scripted_engine_kwargs
 
@@ -29,6 +30,6 @@ def run_family(model: str, spec: dict[str, Any], script: str,
         "cumulative_logprob": comp.cumulative_logprob,
         "row": row,
         "calls": rollout.per_call_rows(out),
-        "modes": [j["mode"] for j in rollout.raw_trace(out)["joins"]],
+        "modes": [j["mode"] for j in raw_trace(out)["joins"]],
         "leftover": {k: v for k, v in sizes.items() if v},
     }

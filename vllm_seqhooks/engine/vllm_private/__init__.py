@@ -22,7 +22,9 @@ from vllm_seqhooks.engine.vllm_private.common import (
 from vllm_seqhooks.engine.vllm_private.cpu_seeds import cpu_seed_problems, install_cpu_seed_fix
 from vllm_seqhooks.engine.vllm_private.frontend import (
     input_processor_problems,
+    install_per_completion_traces,
     install_request_validator,
+    output_processor_problems,
 )
 from vllm_seqhooks.engine.vllm_private.runner import (
     SPLICE_INPUTS_ATTR,
@@ -46,7 +48,8 @@ __all__ = [
     "PINNED_VLLM_VERSION", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "check",
     "children_first_queue", "copy_kv_slots", "cpu_seed_problems", "input_processor_problems",
     "install_cpu_seed_fix",
-    "install_family_batch_order", "install_request_validator", "install_splice_inputs",
+    "install_family_batch_order", "install_per_completion_traces", "install_request_validator",
+    "install_splice_inputs", "output_processor_problems",
     "model_runner_problems", "problems", "runner_kv_caches", "salt_block_hashes", "scheduler_problems",
     "share_block_hashes",
     "splice_problems", "v2_model_runner_problems", "v2_splice_problems",

@@ -71,3 +71,81 @@ def install_request_validator() -> None:
 
     wrap_method(InputProcessor, "_build_logits_processors_params_validator",
                 _build_logits_processors_params_validator, _REQUEST_VALIDATOR_MARK)
+
+
+#: Where vLLM's frontend turns an engine output into a ``RequestOutput``;
+#: with ``n`` > 1 it aggregates the ``n`` completions there
+#: (``ParentRequest.get_outputs``) and keeps the last one's
+#: ``kv_transfer_params`` for all of them.
+OUTPUT_STATE_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("make_request_output", ("self", "new_token_ids", "pooling_output", "finish_reason",
+                             "stop_reason", "kv_transfer_params", "ec_transfer_params",
+                             "error")),
+)
+
+
+def output_processor_problems() -> list[str]:
+    """Like :func:`input_processor_problems`, for the per-completion traces."""
+    from vllm.v1.engine.output_processor import RequestState
+
+    found = method_problems(RequestState, OUTPUT_STATE_METHODS)
+    init = inspect.getsource(RequestState.__init__)
+    for attr in ("self.parent_req = parent_req", "self.request_index = request_index"):
+        if attr not in init:
+            found.append(f"RequestState.__init__ no longer sets {attr.split(' = ')[0]}")
+    src = inspect.getsource(RequestState.make_request_output)
+    if "self.parent_req.get_outputs(" not in src:
+        found.append("RequestState.make_request_output no longer aggregates n completions")
+    return found
+
+
+_TRACES_MARK = "_seqhooks_completion_traces"
+
+
+def install_per_completion_traces() -> None:
+    """Keep each of a request's ``n`` completions' hook trace.
+
+    vLLM's frontend runs each of ``n`` samples as its own engine request
+    (each its own fork/join family, with its own trace in its finished
+    output's ``kv_transfer_params``) and, when not streaming, answers once
+    with all ``n`` completions and the last finished one's
+    ``kv_transfer_params``. The wrapper remembers each completion's trace
+    on vLLM's ``ParentRequest`` and puts the list, in output order, in the
+    aggregated output (:func:`vllm_seqhooks.core.trace.with_completion_traces`).
+    Requests with ``n`` = 1 and outputs without a trace pass through.
+    Raises :class:`VllmPrivateAPIError` when the installed vLLM lacks what
+    it needs."""
+    from vllm.v1.engine.output_processor import RequestState
+
+    from vllm_seqhooks.core.trace import TRACE_KEY, with_completion_traces
+
+    original = RequestState.make_request_output
+    if getattr(original, _TRACES_MARK, False):
+        return
+    found = output_processor_problems()
+    if found:
+        raise VllmPrivateAPIError(
+            "vllm_seqhooks cannot keep per-completion traces on this vLLM:\n  - "
+            + "\n  - ".join(found))
+
+    def make_request_output(self, new_token_ids, pooling_output, finish_reason, stop_reason,
+                            kv_transfer_params=None, *args, **kwargs):
+        out = original(self, new_token_ids, pooling_output, finish_reason, stop_reason,
+                       kv_transfer_params, *args, **kwargs)
+        parent = self.parent_req
+        if parent is None or finish_reason is None:
+            return out
+        traces = getattr(parent, _TRACES_MARK, None)
+        trace = (kv_transfer_params or {}).get(TRACE_KEY)
+        if trace is not None:
+            if traces is None:
+                traces = {}
+                setattr(parent, _TRACES_MARK, traces)
+            traces[self.request_index] = trace
+        outputs = getattr(out, "outputs", None)
+        if traces and outputs and len(outputs) == parent.n:  # the aggregated answer
+            out.kv_transfer_params = with_completion_traces(
+                out.kv_transfer_params, [traces.get(o.index) for o in outputs])
+        return out
+
+    wrap_method(RequestState, "make_request_output", make_request_output, _TRACES_MARK)
