@@ -120,6 +120,7 @@ def oracles(model: str) -> dict:
     params = [_family_params(S, i) for i in range(FAMILIES)]
     res["roomy_texts"] = [o.outputs[0].text for o in gen(prompts, params)]
     res["idle_roomy"] = _idle(llm)
+    res.update(seed_oracles(llm, S, prompt_ids))
     del llm
     tight = hook_llm(model, max_model_len=512, kv_cache_memory_bytes=24 * BLOCK_BYTES,
                      max_num_seqs=16)
@@ -133,6 +134,51 @@ def oracles(model: str) -> dict:
     del tight
     res.update(tag_format_oracles(model, prompt_ids))
     return res
+
+
+SIBLINGS = 4
+FREE = 8
+
+
+def seed_oracles(llm, S, prompt_ids: list[int]) -> dict:
+    """Sampling at temperature 1 with free children: with a seed, twice
+    (n = 2), the derived child seed against a fresh request with it, and
+    a stock seeded request (the cross-mode reference); without a seed,
+    twice."""
+    import vllm
+
+    from vllm_seqhooks.core.request_tree import derive_seed
+
+    script = "".join(f"<promise>{j}</promise>" for j in range(SIBLINGS)) + "<sync>"
+
+    def family(**sampling):
+        out = llm.generate([{"prompt_token_ids": prompt_ids}], S.params(
+            script, None, child_end=None, end="free", max_tokens=len(S(script)) + FREE,
+            temperature=1.0, extra_args={"seqhooks_child_max_tokens": FREE}, **sampling),
+            use_tqdm=False)[0]
+        return {"tokens": [list(c.token_ids) for c in out.outputs],
+                "children": [[c["output_token_ids"] for c in t["children"]]
+                             for t in out.hook_traces],
+                "contexts": [_child_contexts(prompt_ids, c, t)
+                             for c, t in zip(out.outputs, out.hook_traces)]}
+
+    seeded = [family(seed=1234, n=2) for _ in range(2)]
+    child0 = seeded[0]["contexts"][0][0]  # sample 0 (seed 1234), child "0"
+    fresh = llm.generate([{"prompt_token_ids": child0}], vllm.SamplingParams(
+        temperature=1.0, max_tokens=FREE, seed=derive_seed(1234, "0"),
+        extra_args={"seqhooks_enabled": False}), use_tqdm=False)[0]
+    stock = llm.generate([{"prompt_token_ids": prompt_ids}], vllm.SamplingParams(
+        temperature=1.0, max_tokens=FREE, seed=1234, extra_args={"seqhooks_enabled": False}),
+        use_tqdm=False)[0]
+    return {"seeded": seeded, "fresh_seeded_child": list(fresh.outputs[0].token_ids),
+            "stock_seeded": list(stock.outputs[0].token_ids),
+            "unseeded": [family() for _ in range(2)]}
+
+
+def _child_contexts(prompt_ids, completion, trace) -> list[list[int]]:
+    full = prompt_ids + list(completion.token_ids)
+    return [full[: c["context_tokens"]] + list(c["prompt_rest_token_ids"])
+            for c in trace["children"]]
 
 
 TW_BEFORE = "<Outlines>\n<Outline>1: a</Outline>\n<Outline>2: b</Outline>\n</Outlines>"
@@ -248,6 +294,32 @@ def test_kv_pressure_every_family_finishes_identically(mode_results):
     assert res["idle_roomy"] and res["idle_tight"]
 
 
+def _agreement(rows: list[list[int]]) -> float:
+    """Fraction of equal tokens over all pairs of rows, position by position."""
+    pairs = [(a, b) for i, a in enumerate(rows) for b in rows[i + 1:]]
+    return sum(x == y for a, b in pairs for x, y in zip(a, b)) / sum(
+        min(len(a), len(b)) for a, b in pairs)
+
+
+def test_seeded_families_repeat_and_unseeded_ones_vary(mode_results):
+    """Issue 22's group sampling: the same seed gives the same tree and
+    tokens; each child's seed is derived from its sample's (a child is the
+    fresh seeded request on its context); the n samples and the siblings
+    differ; without a seed two runs differ, and siblings agree no more
+    than independent draws would (tiny random model: near-uniform)."""
+    _, res = mode_results
+    first, again = res["seeded"]
+    assert first == again
+    assert first["children"][0][0] == res["fresh_seeded_child"]
+    assert first["tokens"][0] != first["tokens"][1]
+    for children in first["children"] + [c for run in res["unseeded"] for c in run["children"]]:
+        assert len(children) == SIBLINGS and all(len(c) == FREE for c in children)
+        assert len({tuple(c) for c in children}) == SIBLINGS
+        assert _agreement(children) < 0.25
+    one, two = res["unseeded"]
+    assert one["children"] != two["children"]
+
+
 def test_all_modes_give_the_same_tokens(tiny_model_dir):
     """The modes that ran agree with each other token for token."""
     keys = ("merged_text", "continuation", "child_tokens", "nested_text", "roomy_texts")
@@ -257,3 +329,6 @@ def test_all_modes_give_the_same_tokens(tiny_model_dir):
     first = next(iter(ran.values()))
     for mid, res in ran.items():
         assert {k: res[k] for k in keys} == {k: first[k] for k in keys}, mid
+        # seeded sampling: the same across modes wherever stock vLLM's is
+        if res["stock_seeded"] == first["stock_seeded"]:
+            assert res["seeded"][0] == first["seeded"][0], mid

@@ -98,6 +98,33 @@ def test_logprobs_with_hooks_are_the_models(mode, name, stock, tiny_model_dir):
             sampled_by.setdefault(n, []).append(lp)
     for node, lps in sampled_by.items():
         want = [s for c, sc in zip(calls, scores) if c["node_id"] == node for s in sc]
-        lps = lps[:len(want)]  # (the parent's after a splice join: not scored)
+        lps = lps[:len(want)]  # (the parent's after a splice join: below)
         assert len(lps) >= 2
         assert max(abs(a - b) for a, b in zip(lps, want)) < 2e-4, node
+    if got["modes"] == ["splice"]:
+        _after_splice_join_as_trained(got, tiny_model_dir)
+
+
+def _after_splice_join_as_trained(got, model_dir):
+    """The parent's tokens after a splice join carry the logprobs a trainer
+    computes with the isolated-path mask and shared positions (the
+    transformers oracle of testing/splice_oracle.py), not the causal ones."""
+    from vllm_seqhooks.core.splice_layout import Parallel
+    from vllm_seqhooks.testing import splice_oracle
+
+    row = got["row"]
+    (join,) = got["joins"]
+    ids = row["prompt_ids"] + row["response_ids"]
+    context, paths = len(row["prompt_ids"]) + join["at"], join["splice_paths"]
+    first = next(i for i in range(len(row["response_ids"]) - 1, -1, -1)
+                 if row["node_ids"][i] != "" or not row["response_mask"][i]) + 1
+    cut = len(row["prompt_ids"]) + first
+    tokens = row["response_ids"][first:]
+    assert len(tokens) >= 2 and all(row["response_mask"][first:])
+    model = splice_oracle.load(model_dir)
+    layout = (context, Parallel(tuple((n,) for n in paths)), cut - context - sum(paths))
+    want = splice_oracle.logprobs_after_join(model, ids[:cut], layout, tokens)
+    causal = splice_oracle.logprobs_after_join(model, ids[:cut], (cut,), tokens)
+    lps = row["rollout_logprobs"][first:]
+    assert max(abs(a - b) for a, b in zip(lps, want)) < 2e-4
+    assert max(abs(a - b) for a, b in zip(lps, causal)) > 1e-3  # (the test tells them apart)

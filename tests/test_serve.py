@@ -115,6 +115,16 @@ def test_chat_completion(client, tiny_model_dir, S):
         max_tokens=40, temperature=0,
         extra_body={"vllm_xargs": xargs(S, "<promise>q</promise><sync>!", {"0": "Z"})})
     assert r.choices[0].message.content == "<promise>q</promise><sync>Z!"
+    # chat logprobs: a row per token of the merged text, the separator 0.0
+    r = client.chat.completions.create(
+        model=tiny_model_dir, messages=[{"role": "user", "content": "hi"}],
+        max_tokens=40, temperature=0, logprobs=True, top_logprobs=1,
+        extra_body={"vllm_xargs": xargs(S, "<promise>q</promise><promise>r</promise><sync>!",
+                                        {"0": "Z", "1": "Y"})})
+    rows = r.choices[0].logprobs.content
+    assert "".join(t.token for t in rows) == "<promise>q</promise><promise>r</promise><sync>Z\nY!</s>"
+    assert [t.logprob for t in rows if t.token == "\n"] == [0.0]  # inserted
+    assert all(t.logprob < 0.0 and len(t.top_logprobs) == 1 for t in rows if t.token != "\n")
 
 
 def test_plain_request_is_untouched(client, tiny_model_dir):

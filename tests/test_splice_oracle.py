@@ -40,6 +40,22 @@ def test_causal_oracle_is_plain_greedy_generation(model):
     assert splice_oracle.greedy_causal(model, ids, 12) == want
 
 
+def test_logprobs_are_a_plain_forward_pass_when_nothing_is_parallel(model):
+    import torch
+
+    rng = random.Random(3)
+    ids, tokens = text(rng, 20), text(rng, 6)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids + tokens])).logits[0]
+    want = [float(torch.log_softmax(logits[len(ids) - 1 + i], -1)[t]) for i, t in enumerate(tokens)]
+    got = splice_oracle.logprobs_after_join(model, ids, (len(ids),), tokens)
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
+    ids, layout, _, _ = family(rng, paths=3)  # isolated paths change them
+    spliced = splice_oracle.logprobs_after_join(model, ids, layout, tokens)
+    causal = splice_oracle.logprobs_after_join(model, ids, (len(ids),), tokens)
+    assert max(abs(a - b) for a, b in zip(spliced, causal)) > 1e-3
+
+
 def test_one_path_is_plain_causal_generation(model):
     rng = random.Random(1)
     for _ in range(5):

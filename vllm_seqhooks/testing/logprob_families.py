@@ -31,5 +31,7 @@ def run_family(model: str, spec: dict[str, Any], script: str,
         "row": row,
         "calls": rollout.per_call_rows(out),
         "modes": [j["mode"] for j in raw_trace(out)["joins"]],
+        "joins": [{"at": j["at"], "splice_paths": j.get("splice_paths")}
+                  for j in raw_trace(out)["joins"]],
         "leftover": {k: v for k, v in sizes.items() if v},
     }

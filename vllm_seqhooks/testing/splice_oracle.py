@@ -34,9 +34,9 @@ def load(model_dir: str):
     return model.eval()
 
 
-def next_token(model, ids: Sequence[int], layout: Layout, first_position: int = 0) -> int:
-    """The greedy next token after ``ids`` laid out as ``layout`` (its
-    first token at ``first_position``)."""
+def _layout_inputs(ids: Sequence[int], layout: Layout, first_position: int):
+    """The 4-D additive attention mask and the position ids of ``ids``
+    laid out as ``layout``."""
     import torch
 
     if token_count(layout) != len(ids):
@@ -44,12 +44,18 @@ def next_token(model, ids: Sequence[int], layout: Layout, first_position: int = 
     allowed = torch.tensor(attention_mask(layout), dtype=torch.bool)
     mask = torch.zeros(allowed.shape, dtype=torch.float32)
     mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    return mask[None, None], positions(layout, first_position)
+
+
+def next_token(model, ids: Sequence[int], layout: Layout, first_position: int = 0) -> int:
+    """The greedy next token after ``ids`` laid out as ``layout`` (its
+    first token at ``first_position``)."""
+    import torch
+
+    mask, position = _layout_inputs(ids, layout, first_position)
     with torch.no_grad():
-        logits = model(
-            input_ids=torch.tensor([list(ids)]),
-            attention_mask=mask[None, None],
-            position_ids=torch.tensor([positions(layout, first_position)]),
-        ).logits
+        logits = model(input_ids=torch.tensor([list(ids)]), attention_mask=mask,
+                       position_ids=torch.tensor([position])).logits
     return int(logits[0, -1].argmax())
 
 
@@ -63,15 +69,10 @@ def greedy_after_join(model, ids: Sequence[int], layout: Layout, max_new: int,
 
     if not max_new:
         return []
-    if token_count(layout) != len(ids):
-        raise ValueError(f"the layout holds {token_count(layout)} tokens, not {len(ids)}")
-    allowed = torch.tensor(attention_mask(layout), dtype=torch.bool)
-    mask = torch.zeros(allowed.shape, dtype=torch.float32)
-    mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
-    position = positions(layout, first_position)
+    mask, position = _layout_inputs(ids, layout, first_position)
     out: list[int] = []
     with torch.no_grad():
-        result = model(input_ids=torch.tensor([list(ids)]), attention_mask=mask[None, None],
+        result = model(input_ids=torch.tensor([list(ids)]), attention_mask=mask,
                        position_ids=torch.tensor([position]), use_cache=True)
         next_position = (position[-1] + 1) if position else first_position
         while True:
@@ -82,6 +83,30 @@ def greedy_after_join(model, ids: Sequence[int], layout: Layout, max_new: int,
                            position_ids=torch.tensor([[next_position]]),
                            past_key_values=result.past_key_values, use_cache=True)
             next_position += 1
+
+
+def logprobs_after_join(model, ids: Sequence[int], layout: Layout, tokens: Sequence[int],
+                        first_position: int = 0) -> list[float]:
+    """The model's log-probability (log-softmax of the raw logits, as
+    vLLM's sample logprobs) of each of ``tokens`` continuing ``ids`` laid
+    out as ``layout``: each sees everything before it, at the next
+    position."""
+    import torch
+
+    if not tokens:
+        return []
+    mask, position = _layout_inputs(ids, layout, first_position)
+    start = (position[-1] + 1) if position else first_position
+    with torch.no_grad():
+        result = model(input_ids=torch.tensor([list(ids)]), attention_mask=mask,
+                       position_ids=torch.tensor([position]), use_cache=True)
+        logits = [result.logits[0, -1]]
+        if len(tokens) > 1:
+            rest = model(input_ids=torch.tensor([list(tokens[:-1])]),
+                         position_ids=torch.tensor([list(range(start, start + len(tokens) - 1))]),
+                         past_key_values=result.past_key_values, use_cache=True)
+            logits += list(rest.logits[0])
+    return [float(torch.log_softmax(row, -1)[t]) for row, t in zip(logits, tokens)]
 
 
 def greedy_causal(model, ids: Sequence[int], max_new: int, stop: Sequence[int] = (),
