@@ -158,7 +158,7 @@ def ngram_against_plain(n: int) -> dict:
     from vllm_seqhooks.testing.forkjoin import scheduler_of
 
     problems = task.heldout_problems(n)
-    params = SamplingParams(temperature=0.0, max_tokens=task.PARENT_MAX_TOKENS)
+    params = SamplingParams(temperature=0.0, max_tokens=task.PARENT_MAX_TOKENS, logprobs=2)
     spec = {"method": "ngram", "num_speculative_tokens": 3,
             "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     out: dict = {}
@@ -178,6 +178,8 @@ def ngram_against_plain(n: int) -> dict:
         out[name] = {
             "texts": [o.outputs[0].text for o in outs],
             "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "logprobs": [[sorted((t, e.logprob) for t, e in row.items())
+                          for row in o.outputs[0].logprobs] for o in outs],
             "drafts": sum(drafts),
             "joins": sched.hook_stats["joins"],
             "idle": sched.hook_state_sizes() == {k: 0 for k in sched.hook_state_sizes()},
@@ -190,8 +192,8 @@ def ngram_against_plain(n: int) -> dict:
 def test_trained_model_with_ngram_speculative_decoding():
     """Hooks with vLLM's ngram speculative decoding (no logits processor is
     installed, so vLLM accepts it): the model writes its hook tokens inside
-    accepted draft runs, and every answer and token equals the run without
-    speculation. (In a fresh process: vLLM's ngram proposer imports numba,
+    accepted draft runs, and every answer, token and logprob equals the run
+    without speculation. (In a fresh process: vLLM's ngram proposer imports numba,
     and vLLM 0.32's CPU kernel rebinding then fails for every later engine
     of the process, see docs/install.md.)"""
     from vllm_seqhooks.testing.engine_modes import EngineMode, run_in_mode
@@ -203,6 +205,13 @@ def test_trained_model_with_ngram_speculative_decoding():
     assert ngram["drafts"] > 0, "no draft token was ever scheduled"
     assert ngram["joins"] > 0 and ngram["idle"]
     assert ngram["tokens"] == plain["tokens"]
+    # logprobs with hooks and speculation: the same rows as without
+    # (inserted tokens 0.0 in both; the verifier scores drafts in a batch)
+    rows = [(a, b) for x, y in zip(ngram["logprobs"], plain["logprobs"]) for a, b in zip(x, y)]
+    assert len(rows) == sum(map(len, plain["tokens"]))
+    assert all([t for t, _ in a] == [t for t, _ in b] for a, b in rows)
+    assert max(abs(la - lb) for a, b in rows for (_, la), (_, lb) in zip(a, b)) < 2e-4
+    assert sum(lp < -1 for _, b in rows for _, lp in b) > n  # (the runner-up tokens)
     problems = task.heldout_problems(n)
     assert task.summarize(problems, ngram["texts"])["correct"] >= n - 1
 
