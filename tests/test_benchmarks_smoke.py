@@ -133,3 +133,33 @@ def test_splice_benchmark(tmp_path):
     assert splice["minimum_tokens"] <= splice["computed_tokens"] < reprefill["computed_tokens"]
     assert reprefill["computed_tokens"] == loop["computed_tokens"]
     assert (tmp_path / "splice.md").read_text().count("| splice |") == 2
+
+
+def test_rollout_benchmark(tmp_path):
+    """``python -m benchmarks.rollout --smoke``: GRPO groups from the trained
+    ThreadWeaver model, native (n per request) against the format's client
+    loop (each prompt n times), in-process and over HTTP. Every configuration
+    answers every prompt with n completions and samples tokens; the model's
+    real behaviour on both sides (it sorts); both sides count the same sampled
+    tokens for the same greedy families; logprobs are returned when asked."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.rollout", "--smoke", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads((tmp_path / "rollout.json").read_text())
+    n = result["size"]["n"]
+    for part in ("in_process", "http"):
+        configs = result[part]["configs"]
+        assert set(configs) == {"loop", "loop_b", "native", "native_nolp", "loop_nolp"}
+        for name, c in configs.items():
+            assert c["completions_per_prompt"] == [n, n], (part, name)
+            assert c["sampled_tokens"]["min"] > 0 and c["tokens_per_s"]["min"] > 0
+            assert c["reward"] >= 0.5, (part, name, c["reward"])
+        assert "A/A control: loop_b / loop" in result[part]["pairs"]
+    check = result["in_process"]["count_check"]
+    assert check["same_tokens"] > 0 and check["same_count_where_same_tokens"]
+    assert result["in_process"]["configs"]["native"]["logprobs_as_asked"]
+    assert result["in_process"]["configs"]["native_nolp"]["logprobs_as_asked"]
+    md = (tmp_path / "rollout.md").read_text()
+    assert "A/A control" in md and "## Over HTTP" in md and "lscpu" in md

@@ -23,9 +23,10 @@ CASES = {
     "promise": ({"format": "promise", "merge_separator": ","},
                 "ab<promise>xy</promise><promise>zw</promise>c<sync>done",
                 {"0": "AAA", "1": "BBBB"}),
-    "multiverse-reprefill": ({"format": "multiverse", "join": "reprefill",
-                              "max_child_depth": 1, "fork_min_tokens": None},
-                             GOAL, {"0": " p\n</Path>", "1": " q"}),
+    # (a "text" merge: the children's tokens are re-tokenized in the parent)
+    "threadweaver": ({"format": "threadweaver", "unclosed_child_stop_text": None},
+                     "<Outlines>\n<Outline>1: a</Outline>\n<Outline>2: b</Outline>\n"
+                     "</Outlines> done", {"0": " alpha</Thread>", "1": " beta"}),
     "multiverse-splice": ({"format": "multiverse", "max_child_depth": 1,
                            "fork_min_tokens": None}, GOAL, {"0": " p\n</Path>", "1": " q"}),
 }
@@ -77,6 +78,8 @@ def test_logprobs_with_hooks_are_the_models(mode, name, stock, tiny_model_dir):
     tokens, rows, row = got["token_ids"], got["rows"], got["row"]
     assert len(rows) == len(tokens) == len(row["response_mask"])
     assert got["modes"] == ["splice" if name.endswith("splice") else "reprefill"]
+    if name == "threadweaver":  # merged text re-tokenized: no child token in the row
+        assert set(row["node_ids"]) == {""} and row["response_mask"].count(0) > 10
     for t, entry, lp, sampled in zip(tokens, rows, row["rollout_logprobs"],
                                      row["response_mask"]):
         assert str(t) in entry
@@ -101,6 +104,12 @@ def test_logprobs_with_hooks_are_the_models(mode, name, stock, tiny_model_dir):
         lps = lps[:len(want)]  # (the parent's after a splice join: below)
         assert len(lps) >= 2
         assert max(abs(a - b) for a, b in zip(lps, want)) < 2e-4, node
+    # per_call_rows carry each node's own logprobs, children's included
+    # (also where a "text" merge re-tokenized them in the parent's row)
+    for c, sc in zip(calls, scores):
+        assert len(c["rollout_logprobs"]) == len(sc) and None not in c["rollout_logprobs"]
+        assert max(abs(a - b) for a, b in zip(c["rollout_logprobs"], sc)) < 2e-4, c["node_id"]
+    assert {c["node_id"] for c in calls} == {"", "0", "1"}
     if got["modes"] == ["splice"]:
         _after_splice_join_as_trained(got, tiny_model_dir)
 

@@ -76,6 +76,28 @@ def test_per_call_rows_rebuild_each_nodes_context():
         ("1.0", [1, 2, 10, 51, 30], [40, 2], False),
     ]
     assert {r["base_id"] for r in rows} == {"r"}
+    assert all(r["rollout_logprobs"] is None for r in rows)  # (not asked)
+
+
+def test_per_call_rows_carry_each_nodes_logprobs():
+    """The root's from the output's rows, a child's from its trace node
+    (what it sampled, then the tokens its output left out, such as its
+    EOS); an inserted token of the root has no call row."""
+    import copy
+
+    trace = copy.deepcopy(TRACE)
+    zero, one = trace["children"]
+    zero["output_logprobs"] = [-0.2, -0.21, -0.22]  # 20 21, then its EOS
+    one["output_logprobs"] = [-0.3, 0.0]  # 30, then its child's 40 (inserted: 0.0)
+    one["children"][0]["output_logprobs"] = [-0.4, -0.41]
+    out = _output([1, 2], RESPONSE, trace)
+    out.outputs[0].logprobs = [{t: SimpleNamespace(logprob=-t / 100)} for t in RESPONSE]
+    rows = rollout.per_call_rows(out)
+    assert [(r["node_id"], r["rollout_logprobs"]) for r in rows] == [
+        ("", [-0.1, -0.11]), ("", [-0.12]), ("0", [-0.2, -0.21, -0.22]), ("1", [-0.3]),
+        ("1.0", [-0.4, -0.41])]
+    (row,) = rollout.training_rows(out)
+    assert row["rollout_logprobs"][:4] == [-0.1, -0.11, None, -0.2]
 
 
 def test_splice_positions():

@@ -349,6 +349,18 @@ def test_logprobs_with_hooks_over_http(client, tiny_model_dir, S):
     assert "".join(lp.tokens) == EXPECTED + "</s>"  # (the EOS has its row too)
     assert len(lp.token_logprobs) == len(lp.tokens)
     assert lp.token_logprobs[lp.tokens.index("\n")] == 0.0  # inserted
+    from vllm_seqhooks import rollout
+
+    r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                  temperature=0, logprobs=0,
+                                  extra_body={**body, "return_token_ids": True})
+    (row,) = rollout.training_rows(r)
+    lps = r.choices[0].logprobs.token_logprobs
+    assert row["rollout_logprobs"] == [lp if m else None
+                                       for lp, m in zip(lps, row["response_mask"])]
+    assert row["response_mask"].count(0) == 1  # the separator
+    calls = rollout.per_call_rows(r)
+    assert [len(c["rollout_logprobs"]) for c in calls] == [len(c["response_ids"]) for c in calls]
     streamed = []
     for chunk in client.completions.create(model=tiny_model_dir, prompt="hello",
                                            max_tokens=60, temperature=0, logprobs=1,

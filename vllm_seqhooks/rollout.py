@@ -27,7 +27,10 @@ of inserted tokens); this module turns that into rows.
   one row per stretch a node sampled without a join in between, with the
   exact tokens it was conditioned on (``context_ids``), what it sampled
   (``response_ids``), ``base_id`` shared by the family, ``is_last`` (the
-  root's last row) and ``completion_index`` (which of ``n`` samples).
+  root's last row), ``completion_index`` (which of ``n`` samples) and
+  ``rollout_logprobs`` (with ``logprobs`` asked: the logprob of each token
+  it sampled, children's included, also where a ``"text"`` merge
+  re-tokenized them; None without).
 
 A merge that re-tokenizes text at its boundaries (``boundary_tokenization:
 "text"``, ThreadWeaver's preset) has no token-by-token owner: its merged
@@ -60,10 +63,11 @@ Completion = tuple[list[int], list[int], Optional[dict], Any, str]
 
 
 def _read(output: Any) -> list[Completion]:
-    """(prompt ids, response ids, hook trace, sample logprobs or None,
-    base id) of each completion of a RequestOutput or an OpenAI completion
-    response. With ``n`` > 1 each completion is its own family: its base
-    id is vLLM's id for that sample (``"<index>_<request id>"``)."""
+    """(prompt ids, response ids, hook trace, each response token's sample
+    logprob or None when not asked, base id) of each completion of a
+    RequestOutput or an OpenAI (chat) completion response. With ``n`` > 1
+    each completion is its own family: its base id is vLLM's id for that
+    sample (``"<index>_<request id>"``)."""
     choices = _get(output, "choices")
     completions = list(choices if choices is not None else _get(output, "outputs", ()))
     traces = completion_traces(output)
@@ -78,14 +82,37 @@ def _read(output: Any) -> list[Completion]:
         base = request_id if len(completions) == 1 else f"{_get(comp, 'index', i)}_{request_id}"
         trace = traces[i] if i < len(traces) else None
         if choices is None:
-            read.append((list(output.prompt_token_ids or ()), list(comp.token_ids), trace,
-                         comp.logprobs, base))
+            response = list(comp.token_ids)
+            read.append((list(output.prompt_token_ids or ()), response, trace,
+                         _logprobs_of_rows(response, comp.logprobs), base))
             continue
         response = _get(comp, "token_ids")
         if response is None:
             raise ValueError("the completion has no token ids: ask with \"return_token_ids\": true")
-        read.append((list(_get(comp, "prompt_token_ids", ())), list(response), trace, None, base))
+        prompt = _get(comp, "prompt_token_ids", None) or _get(output, "prompt_token_ids", ())
+        read.append((list(prompt), list(response), trace, _logprobs_of_choice(comp), base))
     return read
+
+
+def _logprobs_of_rows(response: list[int], rows: Any) -> Optional[list[Optional[float]]]:
+    """Each token's logprob from vLLM's per-position rows."""
+    if rows is None:
+        return None
+    return [entry[t].logprob if entry and t in entry else None
+            for t, entry in zip(response, rows)]
+
+
+def _logprobs_of_choice(choice: Any) -> Optional[list[Optional[float]]]:
+    """Each token's logprob from an OpenAI choice: ``token_logprobs``
+    (completions) or ``content[i].logprob`` (chat)."""
+    lp = _get(choice, "logprobs")
+    if lp is None:
+        return None
+    values = _get(lp, "token_logprobs")
+    if values is None:
+        content = _get(lp, "content")
+        values = None if content is None else [_get(c, "logprob") for c in content]
+    return None if values is None else list(values)
 
 
 def origins(node: dict[str, Any], output_ids: list[int]) -> list[Origin]:
@@ -158,8 +185,7 @@ def _training_row(prompt: list[int], response: list[int], trace: Optional[dict],
         positions = [i + smap.shift_at(i) for i in range(len(prompt) + len(response))]
     logprobs = None
     if sample_logprobs is not None:  # (an inserted token's row says 0.0: None here)
-        logprobs = [entry[token].logprob if sampled and entry and token in entry else None
-                    for token, entry, (_, sampled) in zip(response, sample_logprobs, given)]
+        logprobs = [lp if sampled else None for lp, (_, sampled) in zip(sample_logprobs, given)]
     return {
         "prompt_ids": prompt,
         "response_ids": response,
@@ -180,10 +206,11 @@ def per_call_rows(request_output: Any) -> list[dict[str, Any]]:
 
 
 def _call_rows(prompt: list[int], response: list[int], trace: Optional[dict],
-               _logprobs: Any, base: str) -> list[dict[str, Any]]:
+               logprobs: Optional[list], base: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
-    def walk(node: dict[str, Any], node_prompt: list[int], output: list[int]) -> None:
+    def walk(node: dict[str, Any], node_prompt: list[int], output: list[int],
+             lps: Optional[list]) -> None:
         start = 0
         stretches = []
         for join in node.get("joins", ()):
@@ -197,21 +224,34 @@ def _call_rows(prompt: list[int], response: list[int], trace: Optional[dict],
         for i, (lo, hi) in enumerate(stretches):
             tail = dropped if i == len(stretches) - 1 else []
             if hi > lo or tail:
+                sampled = output[lo:hi] + tail
                 rows.append({"node_id": node.get("key", ""), "base_id": base,
                              "context_ids": node_prompt + output[:lo],
-                             "response_ids": output[lo:hi] + tail, "is_last": False})
+                             "response_ids": sampled, "is_last": False,
+                             "rollout_logprobs": _stretch(lps, lo, hi, len(tail))})
         full = node_prompt + output
         for child in node.get("children", ()):
             child_prompt = (full[: child.get("context_tokens", 0)]
                             + list(child.get("prompt_rest_token_ids", ())))
-            walk(child, child_prompt, list(child.get("output_token_ids", ())))
+            walk(child, child_prompt, list(child.get("output_token_ids", ())),
+                 child.get("output_logprobs") if logprobs is not None else None)
 
     if trace is None:
         rows.append({"node_id": "", "base_id": base, "context_ids": prompt,
-                     "response_ids": response, "is_last": False})
+                     "response_ids": response, "is_last": False,
+                     "rollout_logprobs": logprobs})
     else:
-        walk(trace, prompt, response)
+        walk(trace, prompt, response, logprobs)
     root_rows = [r for r in rows if r["node_id"] == ""]
     if root_rows:
         root_rows[-1]["is_last"] = True
     return rows
+
+
+def _stretch(lps: Optional[list], lo: int, hi: int, tail: int) -> Optional[list]:
+    """The logprobs of a node's sampled ``[lo, hi)`` and of the ``tail``
+    tokens it wrote after its output's end (they follow in its rows)."""
+    if lps is None:
+        return None
+    got = list(lps[lo:hi]) + list(lps[hi:hi + tail])
+    return got + [None] * (hi - lo + tail - len(got))

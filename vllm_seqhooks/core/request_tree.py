@@ -92,6 +92,10 @@ class HookNode:
     #: leaves out (its EOS, what followed its end tag).
     appended_tokens: int = 0
     dropped_token_ids: list[int] = field(default_factory=list)
+    #: A joined child of a request that asked for logprobs: the logprob of
+    #: each token its engine output held (what it sampled, then what it
+    #: left out; a token its own joins inserted: 0.0).
+    output_logprobs: list[float] | None = None
     finish_reason: str | None = None
     children: list[str] = field(default_factory=list)
     #: Children spawned since the last join (in promise order).

@@ -111,6 +111,8 @@ def build_trace(
         ]
         if node.splice_recomputed_tokens:
             out["splice_recomputed_tokens"] = node.splice_recomputed_tokens
+        if node.output_logprobs is not None:
+            out["output_logprobs"] = node.output_logprobs
         if node.ignored_promises:
             out["ignored_promises"] = list(node.ignored_promises)
         out["children"] = [one(by_id[c]) for c in node.children if c in by_id]

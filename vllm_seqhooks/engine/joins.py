@@ -302,32 +302,13 @@ class Joins:
     def _merge_rows(self, st: HookState, keep: int, merged: list[int],
                     record: JoinRecord) -> list | None:
         """The logprob rows of a join's ``merged`` tokens, when the request
-        asked for logprobs (engine/logprob_rows.py); a child's own rows
-        become its rows up to ``keep`` and these."""
-        req = st.request
-        params = req.sampling_params
+        asked for them (:meth:`LogprobRows.join_rows`)."""
+        params = st.request.sampling_params
         if params is None or params.logprobs is None:
             return None
-        rows = self.sched.logprob_rows
-        fj = self.sched.fork_join
-        rid = req.request_id
-        kept = record.at + st.orig_prompt_len - keep if record.at is not None else 0
-        start = keep - st.orig_prompt_len
-        mine = rows.children.get(rid, []) if rid in fj.children else None
-        if mine is not None:
-            own = mine[start:start + kept]
-        else:
-            row = rows.withheld.get(rid)
-            own = [rows.withheld.pop(rid)] if kept and row is not None and (
-                row[0][0] == merged[0]) else []
-        own += [forced_row(t) for t in merged[len(own):kept]]
-        tree = fj.tree
-        key_to_id = {tree.get(c).key: c for c in record.children if tree.get(c) is not None}
-        out = rows.merge_rows(own, merged, record.pieces, key_to_id)
-        rows.forget(record.children)
-        if mine is not None:
-            rows.children[rid] = mine[:start] + out
-        return out
+        return self.sched.logprob_rows.join_rows(
+            st.request.request_id, keep - st.orig_prompt_len, merged, record,
+            self.sched.fork_join)
 
     def _splice_pieces(self, children: list[str], total: int) -> list[Piece]:
         """A splice merge: the fork tag's last token, each path (its child's

@@ -16,7 +16,8 @@ failed child's marker, a format's end text) a row of its own token with
 logprob 0.0 (vLLM's ``Logprob`` has no "none"; 0.0 leaves
 ``cumulative_logprob`` the sum of the sampled tokens'). The trace's
 ``pieces`` say which is which (``vllm_seqhooks.rollout`` gives inserted
-tokens ``None``).
+tokens ``None``). A joined child's sampled logprobs stay in its tree node
+(the trace's ``output_logprobs``; ``rollout.per_call_rows`` reads them).
 """
 
 from __future__ import annotations
@@ -113,6 +114,35 @@ class LogprobRows:
                 rows += theirs[:n] + [forced_row(t) for t in tokens[n:]]
             at += count
         return rows
+
+    def join_rows(self, rid: str, start: int, merged: Sequence[int], record,
+                  fj) -> list[Row]:
+        """The rows of request ``rid``'s join ``record`` (``merged``: what
+        it gets from its output's index ``start`` on; ``fj``: the
+        scheduler's ForkJoinState). A child's own rows become its rows up
+        to ``start`` and these; the joined children's rows go, their
+        sampled logprobs into their tree nodes (the trace's
+        ``output_logprobs``: ``rollout.per_call_rows``)."""
+        kept = record.at - start if record.at is not None else 0
+        mine = self.children.get(rid, []) if rid in fj.children else None
+        if mine is not None:
+            own = mine[start:start + kept]
+        else:
+            row = self.withheld.get(rid)
+            own = [self.withheld.pop(rid)] if kept and row is not None and (
+                row[0][0] == merged[0]) else []
+        own += [forced_row(t) for t in merged[len(own):kept]]
+        tree = fj.tree
+        nodes = {c: tree.get(c) for c in record.children}
+        key_to_id = {n.key: c for c, n in nodes.items() if n is not None}
+        out = self.merge_rows(own, merged, record.pieces, key_to_id)
+        for child, node in nodes.items():
+            if node is not None:
+                node.output_logprobs = [r[1][0] for r in self.children.get(child, ())]
+        self.forget(record.children)
+        if mine is not None:
+            self.children[rid] = mine[:start] + out
+        return out
 
     def forget(self, ids) -> None:
         for rid in ids:
