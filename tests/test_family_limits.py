@@ -172,6 +172,25 @@ def test_plain_request_beside_a_full_family_gets_a_slot_now():
     assert got.preempt == ["bomb-c15"]
 
 
+def test_preemption_only_for_requests_that_came_after_the_family_forked():
+    """A batch given at once (GRPO groups): the request that was already
+    waiting when the family forked gets the slots the holds free, without
+    preemption; a request that came later still gets one now."""
+    waiting = [Entry("bomb-w0", "bomb", 0, True), Entry("early", "early", 0, False, arrival=3)]
+    got = plan(waiting, bomb_running(16), max_running=16, total_blocks=100,
+               forked_after={"bomb": 5})
+    assert got.hold == ["bomb-w0"] and got.preempt == []
+    late = [Entry("bomb-w0", "bomb", 0, True), Entry("late", "late", 0, False, arrival=5)]
+    got = plan(late, bomb_running(16), max_running=16, total_blocks=100,
+               forked_after={"bomb": 5})
+    assert got.hold == ["bomb-w0"] and got.preempt == ["bomb-c15"]
+    # only a family that already held its children when it came gives way
+    running = bomb_running(8, "a") + bomb_running(8, "b")
+    got = plan([Entry("mid", "mid", 0, False, arrival=4)], running, max_running=16,
+               total_blocks=100, forked_after={"a": 2, "b": 6})
+    assert got.preempt == ["a-c7"]
+
+
 def test_free_slot_means_no_preemption_and_under_share_children_pass():
     waiting = [Entry("bomb-w0", "bomb", 0, True), Entry("plain", "plain", 0, False)]
     got = plan(waiting, bomb_running(3), max_running=16, total_blocks=100)

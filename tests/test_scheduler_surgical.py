@@ -42,6 +42,7 @@ ZERO_STATE = {
     "families": 0,
     "child_deadlines": 0,
     "deferred_children": 0,
+    "arrival_order": 0,
     "requests": 0,
     "splice_held": 0,
     "splice_pending": 0,

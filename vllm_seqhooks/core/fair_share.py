@@ -30,9 +30,16 @@ waits, so that the engine stays work-conserving:
 * when such a request waits and no slot is free, the newest running child
   of the family most above its share of slots is preempted (vLLM's
   recompute preemption: its cached blocks stay in the prefix cache), one
-  per waiting request, never taking a family below its share. Blocks are
-  not preempted for: under KV pressure, preempting running children to
-  start other families only trades one recomputation for another.
+  per waiting request, never taking a family below its share, and only
+  for a request that arrived after that family forked: preemption is
+  there for the request that comes while a family holds the slots. One
+  that was already waiting when the family forked (a batch given all at
+  once, such as an RL step's GRPO groups) gets the slots its children
+  free, as the holds above give them; preempting for it would only trade
+  one family's recomputation for another's progress (measured:
+  docs/benchmarks/rollout.md). Blocks are not preempted for: under KV
+  pressure, preempting running children to start other families only
+  trades one recomputation for another.
 
 With at least one slot per family, a parked parent's children always keep
 one slot (no deadlock); a request that arrives beside a family holding every
@@ -46,7 +53,7 @@ priority`` is respected between families.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,9 @@ class Entry:
     #: KV blocks it holds (running and parked requests, each block counted
     #: once per family) or needs to start (waiting requests).
     blocks: int = 0
+    #: A waiting request's place in the order the engine was given its
+    #: requests (children excepted); None: unknown (preempts as if late).
+    arrival: int | None = None
 
 
 @dataclass
@@ -79,9 +89,13 @@ def plan(
     max_running: int,
     total_blocks: int,
     parked: Sequence[Entry] = (),
+    forked_after: Mapping[str, int] | None = None,
 ) -> FairSharePlan:
     """The plan for one step. ``waiting`` in queue order, ``running`` in
-    admission order, ``parked``: requests holding blocks without a slot."""
+    admission order, ``parked``: requests holding blocks without a slot,
+    ``forked_after``: by family, how many requests had arrived when it
+    spawned its first child (its children are preempted only for later
+    arrivals)."""
     families = {e.family for e in waiting} | {e.family for e in running}
     if len(families) < 2:
         return FairSharePlan()
@@ -124,20 +138,22 @@ def plan(
         if slots.get(e.family, 0) + admitted.get(e.family, 0) < share and not e.is_child:
             deprived.append(e)
         admitted[e.family] = admitted.get(e.family, 0) + 1
-    _preempt_for(deprived, running, max_running, slots, blocks, share, block_share, out)
+    _preempt_for(deprived, running, max_running, slots, blocks, share, block_share, out,
+                 forked_after or {})
     return out
 
 
 def _preempt_for(deprived: Sequence[Entry], running: Sequence[Entry], max_running: int,
                  slots: dict[str, int], blocks: dict[str, int], share: int,
-                 block_share: int, out: FairSharePlan) -> None:
+                 block_share: int, out: FairSharePlan, forked_after: Mapping[str, int]) -> None:
     """A slot for each ``deprived`` waiting request (one under its family's
-    share): the free ones, then preempted over-share children."""
+    share): the free ones, then preempted over-share children of families
+    that forked before it arrived."""
     free_slots = max_running - len(running)
     for e in deprived:
         while free_slots <= 0:
             victim = _victim(running, slots, blocks, share, block_share,
-                             e.priority, out.preempt)
+                             e, out.preempt, forked_after)
             if victim is None:
                 return
             out.preempt.append(victim.request_id)
@@ -148,16 +164,20 @@ def _preempt_for(deprived: Sequence[Entry], running: Sequence[Entry], max_runnin
 
 
 def _victim(running: Sequence[Entry], slots: dict[str, int], blocks: dict[str, int],
-            share: int, block_share: int, priority: int,
-            taken: list[str]) -> Entry | None:
+            share: int, block_share: int, deprived: Entry,
+            taken: list[str], forked_after: Mapping[str, int]) -> Entry | None:
     """The newest running child of the family most above its share of
     slots (then of blocks), among families no more urgent than
-    ``priority``; a family always keeps one running request."""
+    ``deprived`` that forked after it arrived; a family always keeps one
+    running request."""
     best: Entry | None = None
     best_excess = (0, 0)
     for e in reversed(running):
-        if not e.is_child or e.request_id in taken or e.priority < priority:
+        if not e.is_child or e.request_id in taken or e.priority < deprived.priority:
             continue
+        forked = forked_after.get(e.family)
+        if forked is not None and deprived.arrival is not None and deprived.arrival < forked:
+            continue  # (it was waiting before this family forked)
         if slots.get(e.family, 0) <= 1:
             continue
         excess = (slots[e.family] - share, blocks.get(e.family, 0) - block_share)

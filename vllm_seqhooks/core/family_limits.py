@@ -114,6 +114,9 @@ class FamilyLedger:
     #: A descendant's budget did not fit with the others' once: from then
     #: on every descendant is charged as it samples.
     pressured: bool = False
+    #: How many requests (not children) the engine had been given when
+    #: the family spawned its first child (None: it has not spawned).
+    forked_after: int | None = None
 
     @property
     def deadline(self) -> float | None:

@@ -50,7 +50,7 @@ class FairShare:
         running = [self._entry(req, with_blocks=seen) for req in sched.running]
         decided = plan(waiting, running, max_running=sched.max_num_running_reqs,
                        total_blocks=sched.kv_cache_manager.block_pool.num_gpu_blocks,
-                       parked=parked)
+                       parked=parked, forked_after=_ForkedAfter(fj.families))
         if decided.preempt:
             now = time.time()
             for rid in decided.preempt:
@@ -75,10 +75,10 @@ class FairShare:
         family = st.family.root_id if st is not None and st.family is not None else rid
         is_child = rid in fj.children
         if with_blocks is None:
-            # Waiting: what it needs to start.
+            # Waiting: what it needs to start, and when it came.
             return Entry(rid, family, req.priority, is_child,
                          blocks_to_start(req.num_tokens, req.num_computed_tokens,
-                                         sched.block_size))
+                                         sched.block_size), fj.arrival_order.get(rid))
         block_ids = sched.kv_cache_manager.get_block_ids(rid)[0]
         if st is None or st.family is None:  # a family of one: no block shared
             return Entry(rid, family, req.priority, is_child, len(block_ids))
@@ -86,3 +86,15 @@ class FairShare:
         ids = set(block_ids) - seen
         seen |= ids
         return Entry(rid, family, req.priority, is_child, len(ids))
+
+
+class _ForkedAfter:
+    """``family -> FamilyLedger.forked_after``, read from the ledgers as
+    the plan asks (no per-step copy)."""
+
+    def __init__(self, families) -> None:
+        self.families = families
+
+    def get(self, family: str, default=None):
+        ledger = self.families.get(family)
+        return default if ledger is None or ledger.forked_after is None else ledger.forked_after

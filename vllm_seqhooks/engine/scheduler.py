@@ -134,6 +134,10 @@ class SeqHooksMixin:
     def add_request(self, request: Request) -> None:
         if request.sampling_params is not None and request.sampling_params.logprobs is not None:
             self.logprobs_seen = True
+        fj = self.fork_join
+        if request.request_id not in fj.children:
+            fj.arrival_order[request.request_id] = fj.arrivals
+            fj.arrivals += 1
         super().add_request(request)
         try:
             self.admission.admit(request)
@@ -189,6 +193,7 @@ class SeqHooksMixin:
         fj = self.fork_join
         rid = request.request_id
         if rid not in fj.children:
+            fj.arrival_order.pop(rid, None)
             self.logprob_rows.forget_family(rid)
             fj.drop_state(rid)
             if rid not in fj.tree:

@@ -196,6 +196,8 @@ class Spawning:
         fj.children[child_id] = child
         sched.splicing.inherit(parent.request_id, child_id)
         sched.add_request(child)
+        if st.family is not None and st.family.forked_after is None:
+            st.family.forked_after = fj.arrivals
         sched.family_limits.child_spawned(st.family, child_id)
         self._queue_first(child)
         sched.metrics.inc("children_spawned", 1)

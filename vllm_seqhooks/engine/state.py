@@ -127,6 +127,11 @@ class ForkJoinState:
     child_deadlines: dict[str, float] = field(default_factory=dict)
     #: Waiting requests vLLM skips in this step's admission (fair share).
     held_this_step: set[str] = field(default_factory=set)
+    #: Requests other than children added so far, and each live one's
+    #: place in that count (fair share preempts a family's children only
+    #: for requests that arrived after it forked).
+    arrivals: int = 0
+    arrival_order: dict[str, int] = field(default_factory=dict)
     #: Requests whose every step needs hook work (quiet_ids None), and the
     #: token ids any quiet request watches: a step with no loud request and
     #: none of these ids sampled needs no hook work at all.
@@ -219,5 +224,6 @@ class ForkJoinState:
             "families": len(self.families),
             "child_deadlines": len(self.child_deadlines),
             "deferred_children": len(self.deferred_children),
+            "arrival_order": len(self.arrival_order),
             **extra,
         }
