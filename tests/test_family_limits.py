@@ -184,6 +184,12 @@ def test_preemption_only_for_requests_that_came_after_the_family_forked():
     got = plan(late, bomb_running(16), max_running=16, total_blocks=100,
                forked_after={"bomb": 5})
     assert got.hold == ["bomb-w0"] and got.preempt == ["bomb-c15"]
+    # a late request behind early ones still gets its slot
+    both = [Entry("early", "early", 0, False, arrival=3), Entry("late", "late", 0, False,
+                                                                 arrival=9)]
+    got = plan(both, bomb_running(16), max_running=16, total_blocks=100,
+               forked_after={"bomb": 5})
+    assert got.preempt == ["bomb-c15"]
     # only a family that already held its children when it came gives way
     running = bomb_running(8, "a") + bomb_running(8, "b")
     got = plan([Entry("mid", "mid", 0, False, arrival=4)], running, max_running=16,

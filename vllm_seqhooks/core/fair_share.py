@@ -150,17 +150,24 @@ def _preempt_for(deprived: Sequence[Entry], running: Sequence[Entry], max_runnin
     share): the free ones, then preempted over-share children of families
     that forked before it arrived."""
     free_slots = max_running - len(running)
+    forks = [forked_after.get(e.family) for e in running if e.is_child]
+    forks = [n for n in forks if n is not None] or [0]
+    first_fork, last_fork = min(forks), max(forks)
     for e in deprived:
-        while free_slots <= 0:
-            victim = _victim(running, slots, blocks, share, block_share,
-                             e, out.preempt, forked_after)
-            if victim is None:
-                return
-            out.preempt.append(victim.request_id)
-            slots[victim.family] -= 1
-            blocks[victim.family] -= victim.blocks
-            free_slots += 1
-        free_slots -= 1
+        if free_slots > 0:
+            free_slots -= 1
+            continue
+        if e.arrival is not None and e.arrival < first_fork:
+            continue  # (waiting since before any running family forked)
+        victim = _victim(running, slots, blocks, share, block_share,
+                         e, out.preempt, forked_after)
+        if victim is None:
+            if e.arrival is None or e.arrival >= last_fork:
+                return  # (every family was a candidate: none is over its share)
+            continue
+        out.preempt.append(victim.request_id)  # (its slot goes to ``e``)
+        slots[victim.family] -= 1
+        blocks[victim.family] -= victim.blocks
 
 
 def _victim(running: Sequence[Entry], slots: dict[str, int], blocks: dict[str, int],
