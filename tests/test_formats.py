@@ -279,3 +279,55 @@ def test_tag_format_travels_as_json():
     back = SpecialKwargs.from_dict(json.loads(hooks.to_json()))
     assert back.tag_format == hooks.tag_format
     assert back.tag_format.fork_count == 2
+
+
+@pytest.mark.parametrize("name", TAG_PRESETS)
+def test_quiet_steps_change_no_event(name):
+    """The engine skips a step whose tokens are all outside the scanner's
+    ``watched_ids`` (no tag under way and none can begin in them) and
+    feeds them later when the scanner ``needs_history``: on random
+    multi-token steps of text full of tags, split by a BPE-like table,
+    the events are the same as feeding every step, at the same positions,
+    and some steps are skipped."""
+    fmt = TagFormat(**{k: v for k, v in expand(name).items()
+                       if k in TagFormat.__dataclass_fields__})
+    pieces = ["<", "</", ">", ">\n", "\n", " ", "1", "2", ": ", "a", "bc", "Out", "line",
+              "lines", "Path", "Thread", "<Out", "<Path", "/", "x y", "guide", "Goal"]
+    table = [p.encode() for p in pieces]
+    codec = TextCodec(table, lambda text: [])
+    tags = [fmt.fork_tag, fmt.outline_tag or "", fmt.child_end_tag or ""]
+    rng = random.Random(name)
+    for may_fork, ends in ((True, False), (False, True)):
+        for _ in range(20):
+            text = "x y 1: a" + "".join(rng.choice([*tags, "1: a", "2: bc", " x y", "\n"])
+                                        for _ in range(30))
+            ids, rest = [], text
+            while rest:  # greedy longest-piece split
+                piece = max((p for p in pieces if rest.startswith(p)), key=len, default=None)
+                if piece is None:
+                    rest = rest[1:]
+                    continue
+                ids.append(pieces.index(piece))
+                rest = rest[len(piece):]
+            every = TagFormatScanner(fmt, codec, may_fork=may_fork, ends_at_tag=ends,
+                                     max_children=99)
+            quiet = TagFormatScanner(fmt, codec, may_fork=may_fork, ends_at_tag=ends,
+                                     max_children=99)
+            if quiet.needs_history:
+                quiet.fed_to = 7  # (as the engine's admission sets it)
+            want, got, skipped, pos = [], [], 0, 7
+            while pos - 7 < len(ids):
+                step = ids[pos - 7:pos - 7 + rng.randint(1, 3)]
+                want += every.feed(step, pos)
+                watched = quiet.watched_ids()
+                if watched is not None and watched.isdisjoint(step):
+                    skipped += 1
+                else:  # (as HookState.scan does)
+                    start, tokens = pos, step
+                    if quiet.needs_history and quiet.fed_to is not None:
+                        tokens = ids[quiet.fed_to - 7:pos - 7] + step
+                        start = quiet.fed_to
+                    got += quiet.feed(tokens, start)
+                pos += len(step)
+            assert got == want
+            assert skipped > 0

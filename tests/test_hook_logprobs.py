@@ -3,8 +3,10 @@ runners, sync and async: every output token carries a row at its place in the me
 a token a parent or a child sampled carries the logprob its sampler
 computed, which equals vLLM's own score of that token in the context the
 node was conditioned on (its per-call row: stock vLLM's prompt_logprobs
-over context + response); a token the engine inserted carries 0.0, and
-the rollout rows give it None."""
+over context + response, and a transformers forward pass; after a splice
+join, the transformers oracle with the isolated-path mask and shared
+positions); a token the engine inserted carries 0.0, and the rollout rows
+give it None."""
 
 from __future__ import annotations
 
@@ -106,10 +108,19 @@ def test_logprobs_with_hooks_are_the_models(mode, name, stock, tiny_model_dir):
         assert len(lps) >= 2
         assert max(abs(a - b) for a, b in zip(lps, want)) < 2e-4, node
     # per_call_rows carry each node's own logprobs, children's included
-    # (also where a "text" merge re-tokenized them in the parent's row)
+    # (also where a "text" merge re-tokenized them in the parent's row),
+    # equal to stock vLLM's score and to a transformers forward pass of the
+    # call's context (what a trainer recomputes)
+    from vllm_seqhooks.testing import splice_oracle
+
+    hf = splice_oracle.load(tiny_model_dir)
     for c, sc in zip(calls, scores):
-        assert len(c["rollout_logprobs"]) == len(sc) and None not in c["rollout_logprobs"]
-        assert max(abs(a - b) for a, b in zip(c["rollout_logprobs"], sc)) < 2e-4, c["node_id"]
+        got_lps = c["rollout_logprobs"]
+        assert len(got_lps) == len(sc) and None not in got_lps
+        assert max(abs(a - b) for a, b in zip(got_lps, sc)) < 2e-4, c["node_id"]
+        ctx = c["context_ids"]
+        want = splice_oracle.logprobs_after_join(hf, ctx, (len(ctx),), c["response_ids"])
+        assert max(abs(a - b) for a, b in zip(got_lps, want)) < 2e-4, c["node_id"]
     assert {c["node_id"] for c in calls} == {"", "0", "1"}
     if got["modes"] == ["splice"]:
         _after_splice_join_as_trained(got, tiny_model_dir)

@@ -61,6 +61,8 @@ class Admission:
             separator=self._separator(per_request.get("merge_separator")),
             family=family,
         )
+        if st.scanner is not None and st.scanner.needs_history:
+            st.scanner.fed_to = request.num_tokens  # (it reads from its first sampled token)
         fj.refresh_quiet(st)
 
     def _separator(self, text: str | None) -> tuple[int, ...]:

@@ -24,6 +24,8 @@ class Parking:
         fj = sched.fork_join
         request = st.request
         rid = request.request_id
+        if st.scanner is not None and st.scanner.needs_history:
+            st.scanner.fed_to = None  # (what its join gives it is not sampled: never scanned)
         if stopped_by_finish:
             st.final_status = request.status
             st.final_stop_reason = request.stop_reason

@@ -271,9 +271,10 @@ class SeqHooksMixin:
             return super()._update_request_with_output(request, new_token_ids, is_stale)
         quiet = st.quiet_ids
         if quiet is not None and quiet.isdisjoint(new_token_ids):
-            # Nothing to cut, charge, count or scan: vLLM's own work only.
-            # (A stop leaves nothing to do either: no payload is open, and
-            # a request with open children is loud.)
+            # Nothing to cut, charge, count or scan now: vLLM's own work
+            # (the scanner reads these tokens later if it needs them). A
+            # stop leaves nothing to do either: no payload is open, and a
+            # request with open children is loud.
             return self._vllm_update_request(request, new_token_ids, is_stale)
         new_token_ids, stopped = self._update_watched(st, new_token_ids, is_stale)
         if not st.charged_per_step:  # (else it stays loud)
@@ -323,7 +324,7 @@ class SeqHooksMixin:
         if st.scanner is None:  # it cannot spawn: no open children either
             return new_token_ids, stopped
         # 3. Scan them and apply what they mean.
-        events = st.scanner.feed(new_token_ids, start)
+        events = st.scan(new_token_ids, start)
         parked = False
         if events:
             parked, stopped = self._apply_events(st, events, stopped)

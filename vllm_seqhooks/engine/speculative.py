@@ -60,7 +60,7 @@ class Speculative:
         spawning = self.sched.spawning
         start = st.request.num_tokens
         has_children = self.sched.fork_join.tree.has_open_children(st.request.request_id)
-        for ev in scanner.copy().feed(new_token_ids, start):
+        for ev in st.scan(new_token_ids, start, scanner.copy()):
             if isinstance(ev, PayloadClosed):
                 has_children = has_children or spawning.spawn_refusal(st, ev) is None
             elif isinstance(ev, SyncReached) and has_children:

@@ -68,6 +68,18 @@ class HookState:
     #: every step is looked at. Set through ``ForkJoinState.set_quiet``.
     quiet_ids: frozenset[int] | None = None
 
+    def scan(self, tokens: list[int], start: int, scanner: HookScanner | None = None):
+        """Events of ``tokens`` (the first at ``start``) from ``scanner``
+        (default: its own), fed first what quiet steps left unscanned since
+        it was last fed, when it needs them (``needs_history``)."""
+        scanner = self.scanner if scanner is None else scanner
+        if scanner.needs_history:
+            fed = scanner.fed_to
+            if fed is not None and fed < start:
+                tokens = [*self.request.all_token_ids[fed:start], *tokens]
+                start = fed
+        return scanner.feed(tokens, start)
+
     @property
     def sampled(self) -> int:
         """Tokens it sampled and kept, in all (vLLM's output tokens are
@@ -137,6 +149,7 @@ class ForkJoinState:
     #: none of these ids sampled needs no hook work at all.
     loud: set[str] = field(default_factory=set)
     watched_ids: frozenset[int] = frozenset()
+    last_watched: frozenset[int] | None = None
 
     @property
     def idle(self) -> bool:
@@ -152,8 +165,9 @@ class ForkJoinState:
             self.loud.add(rid)
             return
         self.loud.discard(rid)
-        if not quiet_ids <= self.watched_ids:
+        if quiet_ids is not self.last_watched and not quiet_ids <= self.watched_ids:
             self.watched_ids |= quiet_ids
+        self.last_watched = quiet_ids  # (scanners give the same set again and again)
 
     def refresh_quiet(self, st: HookState) -> None:
         """A request is quiet unless its tokens are charged to a family, a

@@ -85,10 +85,16 @@ class HookScanner(Protocol):
     def may_fire(self, tokens: Sequence[int]) -> bool:
         """Whether feeding ``tokens`` can yield an event (a cheap test)."""
 
+    #: Tokens a quiet step did not feed must be fed, in order, before the
+    #: next ones (else skipping them is a no-op); ``fed_to``: the position
+    #: after the last token it was fed (None: none to catch up).
+    needs_history: bool
+    fed_to: int | None
+
     def watched_ids(self) -> frozenset[int] | None:
-        """The token ids whose feeding can yield an event or change the
-        scanner, in its current state (None: any token can): feeding tokens
-        that are all outside it is a no-op."""
+        """The token ids whose feeding can yield an event, in its current
+        state (None: any token can): a step whose tokens are all outside it
+        yields none; they need not be fed unless :attr:`needs_history`."""
 
     def copy(self) -> "HookScanner":
         """An independent scanner in the same state (to look ahead)."""

@@ -59,6 +59,10 @@ class PromiseScanner:
         every token is part of it)."""
         return self.hook_ids if self.payload_start is None else None
 
+    #: Tokens it was not fed (quiet steps) carry nothing it needs.
+    needs_history = False
+    fed_to = None
+
     def copy(self) -> "PromiseScanner":
         """An independent scanner in the same state (to look ahead)."""
         twin = PromiseScanner.__new__(PromiseScanner)

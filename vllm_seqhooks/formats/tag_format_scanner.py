@@ -26,7 +26,7 @@ class TagFormatScanner:
     end tag; ``max_children``: children it may spawn in all (None: any)."""
 
     __slots__ = ("fmt", "tags", "fork_index", "end_index", "since_fork",
-                 "children_left", "pattern")
+                 "children_left", "pattern", "fed_to")
 
     def __init__(self, fmt: TagFormat, codec: TextCodec, *, may_fork: bool,
                  ends_at_tag: bool, max_children: int | None = None) -> None:
@@ -46,12 +46,25 @@ class TagFormatScanner:
         #: Bytes sampled since the last fork (where outline items are read).
         self.since_fork: bytes | None = b"" if self.pattern is not None else None
         self.children_left = max_children
+        #: The position after the last token fed (None: not fed yet, or
+        #: its request parked: what it is given at the join is not scanned).
+        self.fed_to: int | None = None
 
     def may_fire(self, tokens: Sequence[int]) -> bool:
         return True
 
-    def watched_ids(self) -> None:
-        return None  # tags are matched on bytes, across tokens
+    def watched_ids(self) -> frozenset[int] | None:
+        """While no tag has begun, the ids that can begin one (a step
+        without them finds nothing, and its tokens may be fed later: see
+        :attr:`needs_history`); None while one may be under way."""
+        return self.tags.starting_ids() if self.tags.clear() else None
+
+    @property
+    def needs_history(self) -> bool:
+        """Tokens it was not fed (from :attr:`fed_to` on) must be fed before
+        the next ones: outline items are read from every byte since the
+        last fork."""
+        return self.since_fork is not None
 
     def copy(self) -> "TagFormatScanner":
         twin = TagFormatScanner.__new__(TagFormatScanner)
@@ -62,6 +75,7 @@ class TagFormatScanner:
 
     def feed(self, tokens: Sequence[int], start_pos: int) -> list[Event]:
         events: list[Event] = []
+        self.fed_to = start_pos + len(tokens)
         hits = self.tags.feed(tokens, start_pos)
         if self.since_fork is None:
             for hit in hits:

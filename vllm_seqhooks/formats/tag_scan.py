@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 
+#: (id of a table, first bytes) -> (the table, ids holding one of them).
+_STARTING_IDS: dict[tuple[int, bytes], tuple[Sequence[bytes], frozenset[int]]] = {}
+
+
 @dataclass(frozen=True)
 class TagHit:
     #: Index of the tag in the scanner's ``tags``.
@@ -26,7 +30,7 @@ class TagScanner:
     """Finds ``tags`` (bytes) in token ids, with ``table[id]`` the bytes of
     each id (ids past the table stand for no bytes)."""
 
-    __slots__ = ("table", "tags", "keep", "tail", "owners")
+    __slots__ = ("table", "tags", "keep", "tail", "owners", "firsts")
 
     def __init__(self, table: Sequence[bytes], tags: Sequence[bytes]) -> None:
         if not tags or any(not t for t in tags):
@@ -37,12 +41,31 @@ class TagScanner:
         self.tail = b""
         #: The token position of each byte of ``tail``.
         self.owners: list[int] = []
+        #: The bytes a tag can start with.
+        self.firsts = bytes(sorted({t[0] for t in self.tags}))
 
     def copy(self) -> "TagScanner":
         twin = TagScanner.__new__(TagScanner)
         twin.table, twin.tags, twin.keep = self.table, self.tags, self.keep
-        twin.tail, twin.owners = self.tail, list(self.owners)
+        twin.tail, twin.owners, twin.firsts = self.tail, list(self.owners), self.firsts
         return twin
+
+    def clear(self) -> bool:
+        """No tag has begun in the bytes kept: until a token holding a byte a
+        tag starts with (:meth:`starting_ids`) comes, none can be found, and
+        tokens without one can be fed later, in order, with the same hits."""
+        return not any(b in self.firsts for b in self.tail)
+
+    def starting_ids(self) -> frozenset[int]:
+        """The ids whose bytes hold a byte a tag starts with (cached per
+        table and tags' first bytes)."""
+        key = (id(self.table), self.firsts)
+        found = _STARTING_IDS.get(key)
+        if found is None or found[0] is not self.table:
+            ids = frozenset(i for i, data in enumerate(self.table)
+                            if any(b in self.firsts for b in data))
+            found = _STARTING_IDS[key] = (self.table, ids)
+        return found[1]
 
     def bytes_of(self, token: int) -> bytes:
         return self.table[token] if 0 <= token < len(self.table) else b""
