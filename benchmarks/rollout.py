@@ -38,7 +38,7 @@ from benchmarks.common import (EngineProbe, close_engine, environment, git_commi
 from vllm_seqhooks.tasks import threadweaver as task
 
 SIZES = {
-    "smoke": dict(prompts=4, n=2, repeats=1, http_prompts=4),
+    "smoke": dict(prompts=4, n=2, repeats=1, http_prompts=4, smoke=True),
     "default": dict(prompts=64, n=8, repeats=5, http_prompts=64),
 }
 CONFIGS = ("loop", "loop_b", "native", "native_nolp", "loop_nolp")
@@ -155,14 +155,18 @@ def in_process(size: dict[str, Any], log: Callable[[str], None]) -> dict[str, An
     from vllm_seqhooks.loops.format_loop import FormatLoop
 
     model = str(task.model_dir())
-    close_engine(vllm.LLM(model, **task.ENGINE_KWARGS))  # the first engine runs slower
+    smoke = size.get("smoke", False)  # (timings mean nothing: fewer engines)
+    if not smoke:
+        close_engine(vllm.LLM(model, **task.ENGINE_KWARGS))  # the first engine runs slower
     settings = json.loads((task.model_dir() / "seqhooks.json").read_text())
     engines = {"native": LLM(model, special_kwargs="auto", **task.ENGINE_KWARGS),
-               "native_nofair": LLM(model, special_kwargs={**settings, "fair_share": False},
-                                    **task.ENGINE_KWARGS),
                "loop": vllm.LLM(model, **task.ENGINE_KWARGS)}
+    if not smoke:
+        engines["native_nofair"] = LLM(model, special_kwargs={**settings, "fair_share": False},
+                                       **task.ENGINE_KWARGS)
+    configs = CONFIGS if smoke else IN_PROCESS_CONFIGS
     loop = FormatLoop(engines["loop"], engines["native"].special_kwargs)
-    check = count_check(engines["native"], loop, min(16, size["prompts"] * 4))
+    check = count_check(engines["native"], loop, size["prompts"] if smoke else 16)
     log(f"  count check: {json.dumps(check)}")
     probes = {name: EngineProbe(llm, log_steps=False) for name, llm in engines.items()}
 
@@ -180,7 +184,7 @@ def in_process(size: dict[str, Any], log: Callable[[str], None]) -> dict[str, An
         log(f"    {config} r{r}: {row['seconds']:.2f} s, {row['tokens_per_s']:.0f} tok/s")
         return row
 
-    runs = interleaved(IN_PROCESS_CONFIGS, size["repeats"] + 1, run, log=log)
+    runs = interleaved(configs, size["repeats"] + 1, run, log=log)
     for llm in engines.values():
         close_engine(llm)
     return {"count_check": check, **summarize(runs)}

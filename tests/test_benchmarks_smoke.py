@@ -157,7 +157,6 @@ def test_rollout_benchmark(tmp_path):
             assert c["sampled_tokens"]["min"] > 0 and c["tokens_per_s"]["min"] > 0
             assert c["reward"] >= 0.5, (part, name, c["reward"])
         assert "A/A control: loop_b / loop" in result[part]["pairs"]
-    assert "native_nofair" in result["in_process"]["configs"]
     check = result["in_process"]["count_check"]
     assert check["same_tokens"] > 0 and check["same_count_where_same_tokens"]
     assert result["in_process"]["configs"]["native"]["logprobs_as_asked"]
