@@ -43,18 +43,14 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from vllm_seqhooks.core.splice_map import SpliceMap, SplicePath
-from vllm_seqhooks.core.trace import completion_traces
+from vllm_seqhooks.core.trace import completion_traces, field_of
 
 #: One output token's origin: (node key, sampled?).
 Origin = tuple[str, bool]
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(name, default)
-    found = getattr(obj, name, None)
-    if found is None:  # a pydantic model's extra fields
-        found = (getattr(obj, "model_extra", None) or {}).get(name)
+    found = field_of(obj, name)
     return default if found is None else found
 
 

@@ -19,7 +19,7 @@ TRACE_KEY = "seqhooks"
 #: With ``n`` > 1: key of the list of traces, one per completion (in the
 #: order of ``RequestOutput.outputs``; None where no hook fired). vLLM's
 #: frontend keeps one ``kv_transfer_params`` for all ``n`` completions; the
-#: frontend patch ``per_completion_traces`` collects each one's here, and
+#: frontend patch ``completion_traces`` collects each one's here, and
 #: ``TRACE_KEY`` then holds the first completion's.
 TRACES_KEY = "seqhooks_traces"
 
@@ -40,7 +40,7 @@ def with_completion_traces(params: dict[str, Any] | None,
 def completion_traces(output: Any) -> list[dict[str, Any] | None]:
     """One trace per completion of a finished output (``RequestOutput`` or
     an OpenAI response as a dict/object), in the order of its completions."""
-    params = _field(output, "kv_transfer_params") or {}
+    params = field_of(output, "kv_transfer_params") or {}
     listed = params.get(TRACES_KEY) if isinstance(params, dict) else None
     if isinstance(listed, list):
         return listed
@@ -48,7 +48,9 @@ def completion_traces(output: Any) -> list[dict[str, Any] | None]:
     return [trace if isinstance(trace, dict) else None]
 
 
-def _field(obj: Any, name: str) -> Any:
+def field_of(obj: Any, name: str) -> Any:
+    """``obj``'s field ``name``: a dict's key, an attribute, or a pydantic
+    model's extra field (an OpenAI response's ``kv_transfer_params``)."""
     if isinstance(obj, dict):
         return obj.get(name)
     found = getattr(obj, name, None)
