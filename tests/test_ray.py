@@ -1,0 +1,172 @@
+"""Hooks on vLLM's Ray executor (issue 23): tensor parallelism with Ray
+workers on one node (``ray.init()`` started by vLLM) and across two Ray
+nodes of this machine behind ``vllm serve``, through the test-only switch
+``SEQHOOKS_TEST_RAY_ON_CPU=1`` (vLLM 0.32's CPU platform has no Ray device
+key). Answers and fork/join trees equal the single-process engine's; the
+worker extension is loaded in every Ray worker.
+
+Skipped when Ray is not installed (``pip install -e .[ray]``;
+``scripts/setup.sh`` installs it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from vllm_seqhooks.testing.ray_cluster import ray_installed
+
+pytestmark = pytest.mark.skipif(
+    not ray_installed(), reason="Ray is not installed (pip install -e '.[ray]')")
+
+_SWITCH_PROBE = """
+from vllm_seqhooks import plugin
+plugin.register()
+from vllm.platforms.cpu import CpuPlatform
+from vllm.v1.executor import ray_executor_v2 as rx
+print(repr(CpuPlatform.ray_device_key), rx.RayWorkerProc.__name__,
+      rx.RayExecutorV2._get_actor_resource_kwargs())
+"""
+
+
+@pytest.mark.parametrize("value", ["", "1"])
+def test_the_switch_changes_nothing_unless_asked(value):
+    """Without ``SEQHOOKS_TEST_RAY_ON_CPU=1`` the plugin leaves vLLM's CPU
+    platform refusing Ray; with it, Ray CPUs are its devices, the worker
+    actors take no resources beside their bundle's, and the executor starts
+    the CPU worker class."""
+    env = {k: v for k, v in os.environ.items() if k != "SEQHOOKS_TEST_RAY_ON_CPU"}
+    if value:
+        env["SEQHOOKS_TEST_RAY_ON_CPU"] = value
+    out = subprocess.run([sys.executable, "-c", _SWITCH_PROBE], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = out.stdout.strip().splitlines()[-1]
+    if value:
+        assert line == "'CPU' CpuRayWorkerProc {'num_gpus': 0}"
+    else:
+        assert line.startswith("'' RayWorkerProc {'num_gpus': 0, 'resources': {'': ")
+
+
+def _serve_flags(engine_kwargs: dict) -> list[str]:
+    """``vllm serve`` flags for ``vllm.LLM`` keyword arguments."""
+    flags = []
+    for key, value in engine_kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
+
+
+def _strip_ids(tree: str) -> str:
+    return re.sub(r"request \S+", "request", tree)
+
+
+@pytest.fixture(scope="module")
+def forkjoin_reference():
+    """The embedded fork/join model's answers and trees, one process."""
+    from vllm import SamplingParams
+
+    from vllm_seqhooks import LLM, format_tree
+    from vllm_seqhooks.__main__ import demo_problems
+    from vllm_seqhooks.tasks import forkjoin as task
+
+    prompts = [p.prompt for p in demo_problems(7)]
+    llm = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS)
+    try:
+        outs = llm.generate(prompts, SamplingParams(temperature=0,
+                                                    max_tokens=task.PARENT_MAX_TOKENS),
+                            use_tqdm=False)
+    finally:
+        llm.shutdown()
+    answers = [(o.outputs[0].text, _strip_ids(format_tree(o.hook_trace))) for o in outs]
+    assert sum(a[0].count("<sync>") for a in answers) >= 3  # the model forks
+    return prompts, answers
+
+
+@pytest.mark.slow
+def test_tensor_parallel_ray_workers_on_one_node(forkjoin_reference, monkeypatch):
+    """``distributed_executor_backend="ray"``, TP = 2, no cluster running:
+    vLLM's own ``ray.init()`` starts one; both Ray workers load the hook
+    worker extension (families contiguous in their batches) and the answers
+    and trees equal one process's."""
+    from vllm import SamplingParams
+
+    from vllm_seqhooks import LLM, format_tree
+    from vllm_seqhooks.tasks import forkjoin as task
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two Ray workers need two CPUs")
+    monkeypatch.setenv("SEQHOOKS_TEST_RAY_ON_CPU", "1")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", f"{cpus[0]}|{cpus[1]}")
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(callable)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    prompts, reference = forkjoin_reference
+    llm = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS,
+              tensor_parallel_size=2, distributed_executor_backend="ray")
+    try:
+        outs = llm.generate(prompts, SamplingParams(temperature=0,
+                                                    max_tokens=task.PARENT_MAX_TOKENS),
+                            use_tqdm=False)
+        flags = llm.collective_rpc(
+            lambda self: self.model_runner.__dict__.get("_seqhooks_family_order"))
+        workers = llm.collective_rpc(lambda self: type(self).__name__)
+    finally:
+        llm.shutdown()
+    assert [(o.outputs[0].text, _strip_ids(format_tree(o.hook_trace))) for o in outs] == reference
+    assert flags == [True, True]
+    assert len(workers) == 2
+
+
+@pytest.mark.slow
+def test_vllm_serve_tensor_parallel_across_two_ray_nodes(forkjoin_reference, tmp_path):
+    """``vllm serve --distributed-executor-backend ray --tensor-parallel-size
+    2`` on a Ray cluster of two nodes (one CPU each, so one TP worker on each
+    node): answers and trees over HTTP equal one process's."""
+    import ray
+    from openai import OpenAI
+    from transformers import AutoTokenizer
+
+    from vllm_seqhooks import format_tree, get_hook_trace
+    from vllm_seqhooks.tasks import forkjoin as task
+    from vllm_seqhooks.testing.ray_cluster import LocalRayCluster
+    from vllm_seqhooks.testing.server import start_server
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two Ray nodes need two CPUs")
+    prompts, reference = forkjoin_reference
+    model = str(task.model_dir())
+    node_env = [{"VLLM_CPU_OMP_THREADS_BIND": str(cpus[0])},
+                {"VLLM_CPU_OMP_THREADS_BIND": str(cpus[1])}]
+    with LocalRayCluster(tmp_path / "cluster", [1, 1], node_env) as cluster:
+        srv = start_server(model, "--seqhooks", "auto", "--distributed-executor-backend", "ray",
+                           "--tensor-parallel-size", "2", *_serve_flags(task.ENGINE_KWARGS),
+                           log_path=tmp_path / "server.log", env=cluster.env())
+        try:
+            client = OpenAI(base_url=srv.url + "/v1", api_key="unused")
+            tok = AutoTokenizer.from_pretrained(model)
+
+            def ask(prompt):  # concurrently: every step crosses the two nodes
+                r = client.completions.create(model=model, prompt=prompt, temperature=0,
+                                              max_tokens=task.PARENT_MAX_TOKENS)
+                return r.choices[0].text, _strip_ids(format_tree(get_hook_trace(r, tok)))
+
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                got = list(pool.map(ask, prompts))
+            ray.init(address=cluster.address, logging_level="ERROR")
+            try:
+                nodes = {node for pg in ray.util.placement_group_table().values()
+                         if pg["state"] == "CREATED"
+                         for node in pg["bundles_to_node_id"].values()}
+            finally:
+                ray.shutdown()
+        finally:
+            srv.stop()
+        assert len(nodes) == 2, cluster.log_tail()
+    assert got == reference
