@@ -65,3 +65,78 @@ def test_multiprocess_serving(tiny_model_dir, tmp_path, topology):
             assert engines == {"0"}
     finally:
         srv.stop()
+
+
+def test_headless_data_parallel_rank(tiny_model_dir, tmp_path):
+    """Data parallelism across "nodes" in vLLM's headless form: a frontend
+    with engine rank 0 (``--data-parallel-size 2 --data-parallel-size-local
+    1``) and a ``--headless --data-parallel-start-rank 1`` process (on a
+    second node it would be the same command). Concurrent families spread
+    over both ranks; each family's trace names the rank that ran it
+    (``engine``), and with ``SEQHOOKS_METRICS_DIR`` on storage both processes
+    see and one API server (which reads the engines' snapshots there),
+    ``/metrics`` has each rank's own joins."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from openai import OpenAI
+    from transformers import AutoTokenizer
+
+    from vllm_seqhooks.testing.scripted import encode_script
+    from vllm_seqhooks.testing.server import free_port, start_server, vllm_command
+
+    import subprocess
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    S = lambda text: encode_script(tok, text)  # noqa: E731
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    env = dict(os.environ, SEQHOOKS_METRICS_DIR=str(metrics_dir))
+    dp = ["--data-parallel-size", "2", "--data-parallel-size-local", "1",
+          "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(free_port())]
+    flags = [*TINY_FLAGS, *TINY_HOOK_FLAGS, "--logits-processors", SCRIPTED, *dp]
+    with open(tmp_path / "headless.log", "w") as log:
+        headless = subprocess.Popen(
+            [vllm_command(), "serve", tiny_model_dir, "--headless",
+             "--data-parallel-start-rank", "1", *flags],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        srv = start_server(tiny_model_dir, *flags, "--api-server-count", "1",
+                           log_path=tmp_path / "server.log", env=env)
+        try:
+            client = OpenAI(base_url=srv.url + "/v1", api_key="unused")
+
+            def family(i):
+                xargs = {"seqhooks_script": S(f"r{i}<promise>a</promise><sync>."),
+                         "seqhooks_script_end": "eos", "seqhooks_eos_token_id": 2,
+                         "seqhooks_child_scripts": json.dumps({"0": S(f"x{i}" + " y" * 20)}),
+                         "seqhooks_child_script_end": "eos"}
+                r = client.completions.create(model=tiny_model_dir, prompt=f"p{i}",
+                                              max_tokens=60, temperature=0,
+                                              extra_body={"vllm_xargs": xargs})
+                return r.choices[0].text, r.model_extra["kv_transfer_params"]["seqhooks"]
+
+            with ThreadPoolExecutor(8) as pool:
+                done = list(pool.map(family, range(8)))
+            assert [text for text, _ in done] == [
+                f"r{i}<promise>a</promise><sync>x{i}" + " y" * 20 + "." for i in range(8)]
+            ranks = [trace["engine"] for _, trace in done]
+            assert set(ranks) == {"0", "1"}, ranks
+            deadline = time.time() + 15
+            while metric(scrape(srv.url), "vllm:seqhooks_joins_total") < 8:
+                assert time.time() < deadline, srv.log_tail()
+                time.sleep(0.3)
+            m = scrape(srv.url)
+            for rank in ("0", "1"):
+                assert m[next(k for k in m if k.startswith("vllm:seqhooks_joins_total{")
+                              and f'engine="{rank}"' in k)] == ranks.count(rank)
+        finally:
+            srv.stop()
+    finally:
+        if headless.poll() is None:
+            os.killpg(headless.pid, 2)
+            try:
+                headless.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(headless.pid, 9)
+                headless.wait()

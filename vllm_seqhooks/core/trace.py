@@ -60,12 +60,15 @@ def field_of(obj: Any, name: str) -> Any:
 
 
 def build_trace(
-    nodes: Sequence[HookNode], decode=None, limits: dict[str, Any] | None = None
+    nodes: Sequence[HookNode], decode=None, limits: dict[str, Any] | None = None,
+    engine: str | None = None,
 ) -> dict[str, Any]:
     """A JSON-able tree for the root ``nodes[0]`` (as returned by pop_tree).
 
     ``decode`` (token ids -> str), when given, adds text fields; ``limits``
-    (the family ledger's summary) is added as the root's ``limits``."""
+    (the family ledger's summary) is added as the root's ``limits``;
+    ``engine`` (the data-parallel rank that ran the family, as in the
+    metrics' ``engine`` label) as the root's ``engine``."""
     by_id = {n.request_id: n for n in nodes}
 
     def one(node: HookNode) -> dict[str, Any]:
@@ -121,6 +124,8 @@ def build_trace(
         return out
 
     root = one(nodes[0])
+    if engine is not None:
+        root["engine"] = engine
     root["usage"] = family_usage(nodes)
     if limits is not None:
         root["limits"] = limits

@@ -441,7 +441,8 @@ class Joins:
             return
         nodes = fj.tree.pop_tree(rid)
         family = fj.drop_family(rid)
-        trace = build_trace(nodes, limits=family.summary() if family is not None else None)
+        trace = build_trace(nodes, limits=family.summary() if family is not None else None,
+                            engine=self.sched.metrics.engine)
         params = dict(out.kv_transfer_params or {})
         params[TRACE_KEY] = trace
         out.kv_transfer_params = params
