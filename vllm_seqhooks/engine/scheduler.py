@@ -44,7 +44,11 @@ from vllm_seqhooks.engine import WORKER_EXTENSION_CLASS_PATH, patches, vllm_priv
 from vllm_seqhooks.engine.accounting import Accounting
 from vllm_seqhooks.engine.admission import Admission
 from vllm_seqhooks.engine.engine_args import engine_hooks, served_model_name
-from vllm_seqhooks.engine.engine_support import unsupported_engine, unsupported_splice
+from vllm_seqhooks.engine.engine_support import (
+    unsupported_engine,
+    unsupported_settings,
+    unsupported_splice,
+)
 from vllm_seqhooks.engine.fair_share import FairShare
 from vllm_seqhooks.engine.family_limits import FamilyLimits
 from vllm_seqhooks.engine.joins import Joins
@@ -483,6 +487,8 @@ class SeqHooksScheduler:
         hooks = SpecialKwargs.from_additional_config(vllm_config.additional_config)
         if refusal is None and hooks is not None and hooks.join == "splice":
             refusal = unsupported_splice(vllm_config, kv_cache_config)
+        if refusal is None:
+            refusal = unsupported_settings(vllm_config, hooks)
         if refusal is not None:
             raise ValueError(f"vllm-seqhooks: {refusal}")
         impl = (
