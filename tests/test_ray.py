@@ -170,3 +170,60 @@ def test_vllm_serve_tensor_parallel_across_two_ray_nodes(forkjoin_reference, tmp
             srv.stop()
         assert len(nodes) == 2, cluster.log_tail()
     assert got == reference
+
+
+@pytest.mark.slow
+def test_ray_data_parallel_across_two_nodes(forkjoin_reference, tmp_path):
+    """``vllm serve --data-parallel-size 2 --data-parallel-backend ray
+    --data-parallel-size-local 1`` on two Ray nodes: one engine actor per
+    node; concurrent families spread over both ranks, each trace naming its
+    rank, answers equal one process's; ``/metrics`` counts each rank's own
+    joins (the plugin has vLLM carry ``SEQHOOKS_METRICS_DIR`` to the engine
+    actors)."""
+    import time
+
+    from openai import OpenAI
+
+    from vllm_seqhooks.tasks import forkjoin as task
+    from vllm_seqhooks.testing.ray_cluster import LocalRayCluster
+    from vllm_seqhooks.testing.server import metric, scrape, start_server
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two Ray nodes need two CPUs")
+    prompts, reference = forkjoin_reference
+    model = str(task.model_dir())
+    node_env = [{"VLLM_CPU_OMP_THREADS_BIND": str(cpus[0])},
+                {"VLLM_CPU_OMP_THREADS_BIND": str(cpus[1])}]
+    # per node: one Ray CPU as the rank's device, one for its engine actor
+    with LocalRayCluster(tmp_path / "cluster", [2, 2], node_env) as cluster:
+        srv = start_server(model, "--seqhooks", "auto", "--data-parallel-size", "2",
+                           "--data-parallel-backend", "ray", "--data-parallel-size-local", "1",
+                           "--api-server-count", "1", *_serve_flags(task.ENGINE_KWARGS),
+                           log_path=tmp_path / "server.log", env=cluster.env())
+        try:
+            client = OpenAI(base_url=srv.url + "/v1", api_key="unused")
+
+            def ask(prompt):
+                r = client.completions.create(model=model, prompt=prompt, temperature=0,
+                                              max_tokens=task.PARENT_MAX_TOKENS)
+                params = r.model_extra.get("kv_transfer_params") or {}
+                return r.choices[0].text, params.get("seqhooks")  # (None: no hook fired)
+
+            with ThreadPoolExecutor(2 * len(prompts)) as pool:
+                got = list(pool.map(ask, prompts * 2))
+            forked = [trace for _, trace in got if trace and trace["children"]]
+            deadline = time.time() + 15
+            while metric(scrape(srv.url), "vllm:seqhooks_joins_total") < len(forked):
+                assert time.time() < deadline, srv.log_tail()
+                time.sleep(0.3)
+            m = scrape(srv.url)
+        finally:
+            srv.stop()
+    assert [text for text, _ in got] == [text for text, _ in reference] * 2
+    ranks = [trace["engine"] for trace in forked]
+    assert set(ranks) == {"0", "1"}, ranks
+    for rank in ("0", "1"):
+        key = next(k for k in m if k.startswith("vllm:seqhooks_joins_total{")
+                   and f'engine="{rank}"' in k)
+        assert m[key] == ranks.count(rank)

@@ -303,7 +303,22 @@ def enable_metrics() -> None:
         path = tempfile.mkdtemp(prefix="vllm-seqhooks-metrics-")
         os.environ[ENV_DIR] = path
         atexit.register(shutil.rmtree, path, True)
+    carry_env_to_ray_actors()
     install_collector()
+
+
+#: vLLM copies environment variables with these prefixes to the Ray actors
+#: it starts (engine actors of Ray data parallelism, Ray workers).
+RAY_PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+
+
+def carry_env_to_ray_actors() -> None:
+    """Have vLLM copy the ``SEQHOOKS_`` variables (the metrics directory
+    above) to the Ray actors it starts, as it copies its own ``VLLM_`` ones:
+    an engine of Ray data parallelism runs in such an actor."""
+    prefixes = [p for p in os.environ.get(RAY_PREFIXES_ENV, "").split(",") if p.strip()]
+    if "SEQHOOKS_" not in prefixes:
+        os.environ[RAY_PREFIXES_ENV] = ",".join([*prefixes, "SEQHOOKS_"])
 
 
 def install_collector() -> None:

@@ -10,7 +10,7 @@ calls :func:`install_ray_on_cpu`; without it nothing changes. It exists so
 that hooks can be tested on vLLM's multi-node machinery on machines without
 GPUs; it is not a way to serve on CPUs.
 
-Three things stand between the CPU platform and Ray, each handled here:
+Four things stand between the CPU platform and Ray, each handled here:
 
 - the device key: ``CpuPlatform.ray_device_key`` becomes ``"CPU"``, so
   placement groups reserve one Ray CPU per worker (``--num-cpus`` of
@@ -23,7 +23,12 @@ Three things stand between the CPU platform and Ray, each handled here:
   ids, which have no ``CPU`` entry (CPUs are not accelerators), and runs
   before the worker loads vLLM plugins: the executor starts
   :class:`CpuRayWorkerProc` instead, which reports no device ids (the CPU
-  worker binds cores by its local rank, not by device id).
+  worker binds cores by its local rank, not by device id);
+- Ray data parallelism gives each rank a placement group of its devices
+  plus one ``{"CPU": 1}`` bundle for the engine actor, which the ``CPU``
+  device key would count as one more device (the executor then waits
+  forever for a reader that never comes): the executor's
+  ``get_bundles_sorted_by_node`` leaves that bundle out.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ def ray_on_cpu_problems() -> list[str]:
     worker = getattr(ray_executor_v2, "RayWorkerProc", None)
     if worker is None or not hasattr(worker, "get_node_and_physical_gpu_ids"):
         found.append("ray_executor_v2.RayWorkerProc.get_node_and_physical_gpu_ids is missing")
+    if not callable(getattr(ray_executor_v2, "get_bundles_sorted_by_node", None)):
+        found.append("ray_executor_v2.get_bundles_sorted_by_node is missing")
     executor = getattr(ray_executor_v2, "RayExecutorV2", None)
     if executor is None or not isinstance(
             executor.__dict__.get("_get_actor_resource_kwargs"), staticmethod):
@@ -88,7 +95,29 @@ def install_ray_on_cpu() -> bool:
         setattr(_get_actor_resource_kwargs, _MARK, True)
         executor._get_actor_resource_kwargs = staticmethod(_get_actor_resource_kwargs)
     ray_executor_v2.RayWorkerProc = _cpu_worker_class()
+    sorted_bundles = ray_executor_v2.get_bundles_sorted_by_node
+    if not getattr(sorted_bundles, _MARK, False):
+        def get_bundles_sorted_by_node(placement_group):
+            found = sorted_bundles(placement_group)
+            control = _dp_control_bundle(placement_group)
+            return [b for b in found if b[0] != control]
+
+        setattr(get_bundles_sorted_by_node, _MARK, True)
+        ray_executor_v2.get_bundles_sorted_by_node = get_bundles_sorted_by_node
     return True
+
+
+def _dp_control_bundle(placement_group) -> int | None:
+    """The bundle of a data-parallel rank's placement group that holds its
+    engine actor (the last one, ``{"CPU": 1}``: ``create_dp_placement_groups``
+    in vllm/v1/engine/utils.py), which the ``CPU`` device key would
+    otherwise count as a device."""
+    import ray
+
+    table = ray.util.placement_group_table(placement_group)
+    if not str(table.get("name", "")).startswith("dp_rank_"):
+        return None
+    return len(placement_group.bundle_specs) - 1
 
 
 def _cpu_worker_class() -> type:
