@@ -61,6 +61,15 @@ def _serve_flags(engine_kwargs: dict) -> list[str]:
     return flags
 
 
+def _one_core_per_node() -> list[dict[str, str]]:
+    """The environment of two Ray nodes, each binding its vLLM worker to its
+    own core (skips the test on a machine with fewer than two)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two Ray nodes need two CPUs")
+    return [{"VLLM_CPU_OMP_THREADS_BIND": str(cpu)} for cpu in cpus[:2]]
+
+
 def _strip_ids(tree: str) -> str:
     return re.sub(r"request \S+", "request", tree)
 
@@ -137,13 +146,9 @@ def test_vllm_serve_tensor_parallel_across_two_ray_nodes(forkjoin_reference, tmp
     from vllm_seqhooks.testing.ray_cluster import LocalRayCluster
     from vllm_seqhooks.testing.server import start_server
 
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("two Ray nodes need two CPUs")
+    node_env = _one_core_per_node()
     prompts, reference = forkjoin_reference
     model = str(task.model_dir())
-    node_env = [{"VLLM_CPU_OMP_THREADS_BIND": str(cpus[0])},
-                {"VLLM_CPU_OMP_THREADS_BIND": str(cpus[1])}]
     with LocalRayCluster(tmp_path / "cluster", [1, 1], node_env) as cluster:
         srv = start_server(model, "--seqhooks", "auto", "--distributed-executor-backend", "ray",
                            "--tensor-parallel-size", "2", *_serve_flags(task.ENGINE_KWARGS),
@@ -188,13 +193,9 @@ def test_ray_data_parallel_across_two_nodes(forkjoin_reference, tmp_path):
     from vllm_seqhooks.testing.ray_cluster import LocalRayCluster
     from vllm_seqhooks.testing.server import metric, scrape, start_server
 
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("two Ray nodes need two CPUs")
+    node_env = _one_core_per_node()
     prompts, reference = forkjoin_reference
     model = str(task.model_dir())
-    node_env = [{"VLLM_CPU_OMP_THREADS_BIND": str(cpus[0])},
-                {"VLLM_CPU_OMP_THREADS_BIND": str(cpus[1])}]
     # per node: one Ray CPU as the rank's device, one for its engine actor
     with LocalRayCluster(tmp_path / "cluster", [2, 2], node_env) as cluster:
         srv = start_server(model, "--seqhooks", "auto", "--data-parallel-size", "2",

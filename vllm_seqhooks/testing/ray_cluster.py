@@ -115,4 +115,4 @@ def ray_installed() -> bool:
         import ray  # noqa: F401
     except ImportError:
         return False
-    return shutil.which(ray_command()) is not None or Path(ray_command()).exists()
+    return Path(ray_command()).exists()
