@@ -36,3 +36,23 @@ def test_client_loop_does_the_same_rounds():
     n = len(client.rounds)
     children = [rid for rid in h.scripts if "#" in rid]
     assert len(children) == n * scheduler_step.ROUNDS * scheduler_step.CHILDREN
+
+
+def test_fair_share_step_measures_both_sides_alike():
+    """``benchmarks/fair_share_step``: the three configurations run the same
+    batch to its end; fair share works out a share in the timed steps (its
+    own time is measured) and, the batch being given at once, preempts
+    nothing; fair share off spends nothing there."""
+    from benchmarks import fair_share_step
+
+    point = {c: fair_share_step.measure(c, 8) for c in ("fair-share", "no-fair-share")}
+    families = 2 * 8
+    for config, p in point.items():
+        # every family's root, children and continuation were scheduled
+        assert p["scheduled_per_step"] * p["steps"] > families * (1 + fair_share_step.CHILDREN)
+    assert point["fair-share"]["fair_share_us_per_step"] > 0
+    assert point["fair-share"]["preemptions"] == 0
+    assert point["no-fair-share"]["fair_share_us_per_step"] == 0
+    point["no-fair-share-b"] = point["no-fair-share"]
+    text = fair_share_step.report({"repeats": 1, "points": {"8": point}}, "cmd")
+    assert "| 8 |" in text and "fair-share / no-fair-share" in text

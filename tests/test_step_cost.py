@@ -151,12 +151,13 @@ def test_fair_share_builds_its_plan_only_while_a_request_waits_beside_children()
     """Fair share holds back or preempts only children, and only for a
     request that is not one: its per-request entries are built only in
     steps where both exist (a plain request waiting beside running
-    children), not in every step that children live."""
+    children), not in every step that children live; and a waiting
+    request's entry is built once while it waits, not once a step."""
     h = SchedHarness(False, num_blocks=400, max_num_seqs=3)
-    built: list[int] = []
-    entry = h.sched.fair_share._entry
-    h.sched.fair_share._entry = lambda *a, **k: (built.append(len(h.sched.fork_join.children)),
-                                                  entry(*a, **k))[1]
+    built: list[tuple[str, int]] = []
+    entry = h.sched.fair_share._waiting_entry
+    h.sched.fair_share._waiting_entry = lambda req: (
+        built.append((req.request_id, len(h.sched.fork_join.children))), entry(req))[1]
     script = [20, P, 41, E, P, 42, E, P, 43, E, P, 44, E, S, 50, EOS]
     h.add("fam", prompt(12), script=script, max_tokens=40)
     for c in range(4):
@@ -169,7 +170,16 @@ def test_fair_share_builds_its_plan_only_while_a_request_waits_beside_children()
     for i in range(6):  # more plain requests than free slots: they wait
         h.add(f"plain{i}", prompt(12, 30 + i), script=[70] * 4 + [EOS], max_tokens=10)
     h.step()
-    assert built and all(n > 0 for n in built)
+    assert built and all(n > 0 for _, n in built)
+    steps = 1
+    while h.sched.waiting and any(r.request_id.startswith("plain") for r in h.sched.waiting):
+        h.step()
+        steps += 1
+    assert steps > 3  # (several steps with plain requests waiting)
+    # Built once per request while it waits (children built again only
+    # after they ran: a preempted child waits with other tokens).
+    for i in range(6):
+        assert sum(rid == f"plain{i}" for rid, _ in built) == 1
     h.run(max_steps=200)
     for i in range(6):
         assert any(o.finish_reason is not None for o in h.outputs_for(f"plain{i}"))

@@ -2,8 +2,12 @@
 which running children to preempt, so that one family cannot starve other
 requests.
 
-Pure Python, no vLLM import; the scheduler gives a snapshot of its queues
-and applies the plan.
+Pure Python, no vLLM import. The scheduler gives, each step, an entry per
+waiting request and what the running and parked requests hold
+(:class:`Holdings`: counts per family, blocks and running entries only when
+asked); :class:`StepShare` works out the preemptions at once and whether a
+waiting child is held back only for the children vLLM's admission reaches.
+:func:`plan` is the same policy over whole queues, one entry per request.
 
 A *family* is a request and its descendants; a request without hooks is a
 family of one. Children are queued ahead of requests that have not started
@@ -52,11 +56,12 @@ priority`` is respected between families.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Entry:
     """One request of the scheduler's queues."""
 
@@ -76,6 +81,27 @@ class Entry:
 
 
 @dataclass
+class Holdings:
+    """What the running and parked requests hold, in the form the plan reads
+    it: counts it always needs, and what it needs only sometimes as callables
+    (a family's blocks only to hold back a child of a family under its share
+    of slots; the running entries only to choose a child to preempt), so
+    that a step's plan does not build an entry per running request."""
+
+    #: Running requests by family.
+    slots: Mapping[str, int]
+    #: Running slots left (``max_running`` minus the running requests).
+    free_slots: int
+    #: Families with a running child.
+    child_families: Collection[str]
+    #: KV blocks a family's running and parked requests hold, each counted once.
+    blocks: Callable[[str], int]
+    #: The running requests' entries in admission order (``blocks``: those of
+    #: its blocks no request before it, parked requests first, counted).
+    running: Callable[[], Sequence[Entry]]
+
+
+@dataclass
 class FairSharePlan:
     hold: list[str] = field(default_factory=list)
     preempt: list[str] = field(default_factory=list)
@@ -91,16 +117,24 @@ def plan(
     parked: Sequence[Entry] = (),
     forked_after: Mapping[str, int] | None = None,
 ) -> FairSharePlan:
-    """The plan for one step. ``waiting`` in queue order, ``running`` in
-    admission order, ``parked``: requests holding blocks without a slot,
+    """The plan for one step, whole. ``waiting`` in queue order, ``running``
+    in admission order, ``parked``: requests holding blocks without a slot,
     ``forked_after``: by family, how many requests had arrived when it
     spawned its first child (its children are preempted only for later
-    arrivals)."""
-    families = {e.family for e in waiting} | {e.family for e in running}
-    if len(families) < 2:
+    arrivals). The engine uses :class:`StepShare` instead, which decides a
+    waiting child's hold only when vLLM's admission reaches it."""
+    step = StepShare(waiting, holdings_of(running, parked, max_running),
+                     max_running=max_running, total_blocks=total_blocks,
+                     forked_after=forked_after)
+    if not step.active:
         return FairSharePlan()
-    share = max(1, max_running // len(families))
-    block_share = max(1, total_blocks // len(families))
+    hold = [e.request_id for e in waiting if e.is_child and step.holds(e.family, e.priority)]
+    return FairSharePlan(hold=hold, preempt=list(step.preempt), share=step.share)
+
+
+def holdings_of(running: Sequence[Entry], parked: Sequence[Entry],
+                max_running: int) -> Holdings:
+    """:class:`Holdings` from entries of every running and parked request."""
     slots: dict[str, int] = {}
     blocks: dict[str, int] = {}
     for e in running:
@@ -108,86 +142,170 @@ def plan(
         blocks[e.family] = blocks.get(e.family, 0) + e.blocks
     for e in parked:
         blocks[e.family] = blocks.get(e.family, 0) + e.blocks
+    return Holdings(slots=slots, free_slots=max_running - len(running),
+                    child_families={e.family for e in running if e.is_child},
+                    blocks=lambda family: blocks.get(family, 0),
+                    running=lambda: running)
 
-    # The most urgent priority waiting from each family: of any request
-    # (for slots), and of requests that a share of the blocks can hold.
-    urgent: dict[str, int] = {}
-    urgent_fitting: dict[str, int] = {}
+
+class _MostUrgent:
+    """The most urgent priority waiting per family, kept as the two most
+    urgent families: whether a family other than ``f`` waits with priority
+    ``<= p`` is then one comparison."""
+
+    def __init__(self, by_family: dict[str, int]) -> None:
+        two = heapq.nsmallest(2, by_family.items(), key=lambda fp: fp[1])
+        self.first = two[0] if two else None
+        self.second = two[1] if len(two) > 1 else None
+
+    def others_wait(self, family: str, priority: int) -> bool:
+        other = self.first if self.first is None or self.first[0] != family else self.second
+        return other is not None and other[1] <= priority
+
+
+def _most_urgent(waiting: Sequence[Entry], max_blocks: int | None = None) -> _MostUrgent:
+    """:class:`_MostUrgent` of the waiting requests (of those needing at
+    most ``max_blocks`` blocks to start, when given)."""
+    by_family: dict[str, int] = {}
     for e in waiting:
-        urgent[e.family] = min(urgent.get(e.family, e.priority), e.priority)
-        if e.blocks <= block_share:
-            urgent_fitting[e.family] = min(urgent_fitting.get(e.family, e.priority),
-                                           e.priority)
-
-    def others_wait(family: str, priority: int, among: dict[str, int]) -> bool:
-        return any(p <= priority for f, p in among.items() if f != family)
-
-    def held(e: Entry) -> bool:
-        if slots.get(e.family, 0) >= share and others_wait(e.family, e.priority, urgent):
-            return True
-        return (blocks.get(e.family, 0) > block_share
-                and others_wait(e.family, e.priority, urgent_fitting))
-
-    out = FairSharePlan(share=share)
-    admitted: dict[str, int] = {}
-    deprived: list[Entry] = []
-    for e in waiting:
-        if e.is_child and held(e):
-            out.hold.append(e.request_id)
+        if max_blocks is not None and e.blocks > max_blocks:
             continue
-        if slots.get(e.family, 0) + admitted.get(e.family, 0) < share and not e.is_child:
-            deprived.append(e)
-        admitted[e.family] = admitted.get(e.family, 0) + 1
-    _preempt_for(deprived, running, max_running, slots, blocks, share, block_share, out,
-                 forked_after or {})
-    return out
+        known = by_family.get(e.family)
+        if known is None or e.priority < known:
+            by_family[e.family] = e.priority
+    return _MostUrgent(by_family)
 
 
-def _preempt_for(deprived: Sequence[Entry], running: Sequence[Entry], max_running: int,
-                 slots: dict[str, int], blocks: dict[str, int], share: int,
-                 block_share: int, out: FairSharePlan, forked_after: Mapping[str, int]) -> None:
-    """A slot for each ``deprived`` waiting request (one under its family's
-    share): the free ones, then preempted over-share children of families
-    that forked before it arrived."""
-    free_slots = max_running - len(running)
-    forks = [forked_after.get(e.family) for e in running if e.is_child]
-    forks = [n for n in forks if n is not None] or [0]
-    first_fork, last_fork = min(forks), max(forks)
-    for e in deprived:
-        if free_slots > 0:
-            free_slots -= 1
-            continue
-        if e.arrival is not None and e.arrival < first_fork:
-            continue  # (waiting since before any running family forked)
-        victim = _victim(running, slots, blocks, share, block_share,
-                         e, out.preempt, forked_after)
-        if victim is None:
-            if e.arrival is None or e.arrival >= last_fork:
-                return  # (every family was a candidate: none is over its share)
-            continue
-        out.preempt.append(victim.request_id)  # (its slot goes to ``e``)
-        slots[victim.family] -= 1
-        blocks[victim.family] -= victim.blocks
+class StepShare:
+    """One step's fair share, from the waiting requests' entries (queue
+    order) and what the running and parked requests hold: the share of
+    slots and blocks, the children to preempt now, and, asked per waiting
+    child as vLLM's admission reaches it, whether it is held back.
+
+    Holds are decided on the holdings before this step's preemptions (a
+    preempted child is held back too: the engine keeps it out); the
+    preemptions are worked out in queue order, which needs the waiting
+    requests one by one only when one of them may preempt (it arrived after
+    a family with running children forked)."""
+
+    def __init__(self, waiting: Sequence[Entry], held: Holdings, *, max_running: int,
+                 total_blocks: int, forked_after: Mapping[str, int] | None = None) -> None:
+        families = {e.family for e in waiting}
+        families.update(held.slots)
+        self.active = len(families) >= 2
+        self.preempt: list[str] = []
+        self.share = 0
+        if not self.active:
+            return
+        self.share = max(1, max_running // len(families))
+        self.block_share = max(1, total_blocks // len(families))
+        self._slots = held.slots
+        self._blocks = _Blocks(held.blocks)
+        self._waiting = waiting
+        # The most urgent priority waiting from each family: of any request
+        # (for slots), and (asked only if a hold depends on blocks) of the
+        # requests that a share of the blocks can hold.
+        self._urgent = _most_urgent(waiting)
+        self._urgent_fitting: _MostUrgent | None = None
+        self._memo: dict[tuple[str, int], bool] = {}
+        forks = [forked_after.get(f) for f in held.child_families] if forked_after else []
+        forks = [n for n in forks if n is not None] or [0]
+        first_fork = min(forks)
+        if held.child_families and any(
+                not e.is_child and (e.arrival is None or e.arrival >= first_fork)
+                for e in waiting):
+            self._preempt_for(waiting, held, first_fork, max(forks), forked_after or {})
+
+    def holds(self, family: str, priority: int) -> bool:
+        """Whether a waiting child of ``family`` at ``priority`` is held back
+        this step: its family holds its share of slots (or more than its
+        share of blocks) while a request of another family, as urgent or
+        more (and that a share of blocks could hold), waits."""
+        key = (family, priority)
+        known = self._memo.get(key)
+        if known is None:
+            known = self._memo[key] = (
+                (self._slots.get(family, 0) >= self.share
+                 and self._urgent.others_wait(family, priority))
+                or (self._blocks[family] > self.block_share
+                    and self._fitting().others_wait(family, priority)))
+        return known
+
+    def _fitting(self) -> _MostUrgent:
+        if self._urgent_fitting is None:
+            self._urgent_fitting = _most_urgent(self._waiting, self.block_share)
+        return self._urgent_fitting
+
+    def _preempt_for(self, waiting: Sequence[Entry], held: Holdings, first_fork: int,
+                     last_fork: int, forked_after: Mapping[str, int]) -> None:
+        """A slot for each deprived waiting request (a request that is not a
+        child, whose family is under its share counting the requests ahead
+        of it that are admitted): the free ones, then preempted over-share
+        children of families that forked before it arrived."""
+        share = self.share
+        admitted: dict[str, int] = {}
+        free_slots = held.free_slots
+        slots = dict(self._slots)
+        taken_blocks: dict[str, int] = {}
+        running: Sequence[Entry] | None = None
+        for e in waiting:
+            if e.is_child:
+                if not self.holds(e.family, e.priority):
+                    admitted[e.family] = admitted.get(e.family, 0) + 1
+                continue
+            under_share = self._slots.get(e.family, 0) + admitted.get(e.family, 0) < share
+            admitted[e.family] = admitted.get(e.family, 0) + 1
+            if not under_share:
+                continue
+            if free_slots > 0:
+                free_slots -= 1
+                continue
+            if e.arrival is not None and e.arrival < first_fork:
+                continue  # (waiting since before any running family forked)
+            if running is None:
+                running = held.running()
+            victim = self._victim(running, slots, taken_blocks, e, forked_after)
+            if victim is None:
+                if e.arrival is None or e.arrival >= last_fork:
+                    return  # (every family was a candidate: none is over its share)
+                continue
+            self.preempt.append(victim.request_id)  # (its slot goes to ``e``)
+            slots[victim.family] -= 1
+            taken_blocks[victim.family] = taken_blocks.get(victim.family, 0) + victim.blocks
+
+    def _victim(self, running: Sequence[Entry], slots: dict[str, int],
+                taken_blocks: dict[str, int], deprived: Entry,
+                forked_after: Mapping[str, int]) -> Entry | None:
+        """The newest running child of the family most above its share of
+        slots (then of blocks), among families no more urgent than
+        ``deprived`` that forked after it arrived; a family always keeps one
+        running request."""
+        best: Entry | None = None
+        best_excess = (0, 0)
+        for e in reversed(running):
+            if (not e.is_child or e.request_id in self.preempt
+                    or e.priority < deprived.priority):
+                continue
+            forked = forked_after.get(e.family)
+            if forked is not None and deprived.arrival is not None and deprived.arrival < forked:
+                continue  # (it was waiting before this family forked)
+            if slots.get(e.family, 0) <= 1:
+                continue
+            blocks = self._blocks[e.family] - taken_blocks.get(e.family, 0)
+            excess = (slots[e.family] - self.share, blocks - self.block_share)
+            if excess[0] > 0 and excess > best_excess:
+                best, best_excess = e, excess
+        return best
 
 
-def _victim(running: Sequence[Entry], slots: dict[str, int], blocks: dict[str, int],
-            share: int, block_share: int, deprived: Entry,
-            taken: list[str], forked_after: Mapping[str, int]) -> Entry | None:
-    """The newest running child of the family most above its share of
-    slots (then of blocks), among families no more urgent than
-    ``deprived`` that forked after it arrived; a family always keeps one
-    running request."""
-    best: Entry | None = None
-    best_excess = (0, 0)
-    for e in reversed(running):
-        if not e.is_child or e.request_id in taken or e.priority < deprived.priority:
-            continue
-        forked = forked_after.get(e.family)
-        if forked is not None and deprived.arrival is not None and deprived.arrival < forked:
-            continue  # (it was waiting before this family forked)
-        if slots.get(e.family, 0) <= 1:
-            continue
-        excess = (slots[e.family] - share, blocks.get(e.family, 0) - block_share)
-        if excess[0] > 0 and excess > best_excess:
-            best, best_excess = e, excess
-    return best
+class _Blocks(dict):
+    """A family's blocks, asked of :attr:`Holdings.blocks` once per family
+    per step."""
+
+    def __init__(self, ask: Callable[[str], int]) -> None:
+        super().__init__()
+        self.ask = ask
+
+    def __missing__(self, family: str) -> int:
+        n = self[family] = self.ask(family)
+        return n

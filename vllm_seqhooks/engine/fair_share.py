@@ -1,15 +1,17 @@
-"""Fair share applied: the plan of :mod:`vllm_seqhooks.core.fair_share` keeps
-over-share children out of this step's admission (the scheduler skips
-them, see ``_handle_blocked_waiting_request``) and preempts the newest
-children of a family that holds more than its share while others wait."""
+"""Fair share applied: each step's share (:mod:`vllm_seqhooks.core.fair_share`)
+keeps over-share children out of this step's admission (asked as vLLM's
+admission reaches each waiting child, see the scheduler's
+``_handle_blocked_waiting_request``) and preempts the newest children of a
+family that holds more than its share while others wait."""
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Iterable
 from vllm.v1.request import Request, RequestStatus
 
-from vllm_seqhooks.core.fair_share import Entry, plan
+from vllm_seqhooks.core.fair_share import Entry, Holdings, StepShare
 from vllm_seqhooks.core.kv_blocks import blocks_to_start
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
@@ -21,71 +23,172 @@ class FairShare:
 
     def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
         self.sched = sched
+        #: Request id -> ((request, num_tokens, num_computed_tokens), its
+        #: entry), for the requests waiting at the last step's share.
+        self._known_entries: dict[str, tuple[tuple[Request, int, int], Entry]] = {}
 
     def hold_over_share(self) -> None:
-        """Apply this step's plan: preempt what it says, and keep over-share
-        children out of this step's admission."""
-        self.sched.fork_join.held_this_step.update(self._holds())
+        """This step's share: preempt what it says now; children it holds
+        back are kept out of admission as vLLM reaches them
+        (:meth:`holds_back`)."""
+        fj = self.sched.fork_join
+        step = self._step()
+        fj.share_step = step
+        if step is not None and step.preempt:
+            self._preempt(step)
+            fj.held_this_step.update(step.preempt)  # (over their share too)
 
-    def _holds(self) -> list[str]:
+    def holds_back(self, request: Request) -> bool:
+        """Whether this step's share keeps waiting ``request`` (a child) out
+        of admission: asked when vLLM's admission reaches it."""
+        fj = self.sched.fork_join
+        rid = request.request_id
+        if (fj.share_step is None or rid not in fj.children
+                or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+                or request.num_computed_tokens):  # (parked, or queued holding blocks)
+            return False
+        return fj.share_step.holds(self._family(rid), request.priority)
+
+    def _step(self) -> StepShare | None:
         sched = self.sched
         fj = sched.fork_join
-        children = fj.children
         # Only children are held back or preempted, and only for a request
-        # that is not one: without both there is no plan to make.
+        # that is not one: without both there is no share to work out.
         parked_status = RequestStatus.WAITING_FOR_STREAMING_REQ
-        if all(c.status == parked_status for c in children.values()):
-            return []
-        queued = [req for req in sched.waiting
-                  if req.status != parked_status and req.request_id not in fj.held_this_step]
-        if all(req.request_id in children for req in queued):
-            return []
-        waiting = [self._entry(req) for req in queued]
-        # Siblings share their parent's blocks: each block counts once per
-        # family (parked parents first, whose context their children share).
-        seen: dict[str, set[int]] = {}
-        parked = [self._entry(st.request, with_blocks=seen)
-                  for st in fj.states.values()
-                  if st.parked and st.spilled_frontier is None]
-        running = [self._entry(req, with_blocks=seen) for req in sched.running]
-        decided = plan(waiting, running, max_running=sched.max_num_running_reqs,
-                       total_blocks=sched.kv_cache_manager.block_pool.num_gpu_blocks,
-                       parked=parked, forked_after=_ForkedAfter(fj.families))
-        if decided.preempt:
-            now = time.time()
-            for rid in decided.preempt:
-                req = sched.requests[rid]
-                sched.running.remove(req)
-                sched._preempt_request(req, now)
-            sched.metrics.inc("fair_share_preemptions", len(decided.preempt))
-            logger.debug("fair share (%d slots per family): preempted %s",
-                         decided.share, decided.preempt)
-        # Preempted children are over their family's share too.
-        return decided.hold + decided.preempt
+        if all(c.status == parked_status for c in fj.children.values()):
+            return None
+        waiting = self._waiting_entries()
+        if waiting is None:
+            return None
+        step = StepShare(waiting, self._holdings(), max_running=sched.max_num_running_reqs,
+                         total_blocks=sched.kv_cache_manager.block_pool.num_gpu_blocks,
+                         forked_after=_ForkedAfter(fj.families))
+        return step if step.active else None
 
-    def _entry(self, req: Request, *, with_blocks: dict[str, set[int]] | None = None
-               ) -> Entry:
-        """A waiting request (``with_blocks`` None) with the blocks it needs
-        to start; a request holding blocks with those of its blocks that
-        ``with_blocks`` (the blocks counted so far, by family) lacks."""
+    def _preempt(self, step: StepShare) -> None:
+        sched = self.sched
+        now = time.time()
+        for rid in step.preempt:
+            req = sched.requests[rid]
+            sched.running.remove(req)
+            sched._preempt_request(req, now)
+        sched.metrics.inc("fair_share_preemptions", len(step.preempt))
+        logger.debug("fair share (%d slots per family): preempted %s",
+                     step.share, step.preempt)
+
+    def _family(self, rid: str) -> str:
+        st = self.sched.fork_join.states.get(rid)
+        return st.family.root_id if st is not None and st.family is not None else rid
+
+    def _waiting_entries(self) -> list[Entry] | None:
+        """The waiting requests' entries (parked parents left out): what
+        each needs to start, and when it came; None when only children wait
+        (no share to work out). A waiting request's entry changes only when
+        its tokens do (it ran, or was preempted): entries are kept from step
+        to step and built again only then."""
+        children = self.sched.fork_join.children
+        parked_status = RequestStatus.WAITING_FOR_STREAMING_REQ
+        if all(req.request_id in children or req.status == parked_status
+               for req in self.sched.waiting):
+            self._known_entries.clear()
+            return None
+        known = self._known_entries
+        entries: list[Entry] = []
+        for req in self.sched.waiting:
+            if req.status == parked_status:
+                continue
+            key = (req, req.num_tokens, req.num_computed_tokens)
+            kept = known.get(req.request_id)
+            if kept is None or kept[0] != key:
+                kept = known[req.request_id] = (key, self._waiting_entry(req))
+            entries.append(kept[1])
+        if len(known) > 2 * len(entries) + 64:  # (forget requests gone)
+            self._known_entries = {e.request_id: known[e.request_id] for e in entries}
+        return entries
+
+    def _waiting_entry(self, req: Request) -> Entry:
+        fj = self.sched.fork_join
+        rid = req.request_id
+        is_child = rid in fj.children
+        # (A request that is not a child is its family's root.)
+        family = self._family(rid) if is_child else rid
+        return Entry(rid, family, req.priority, is_child,
+                     blocks_to_start(req.num_tokens, req.num_computed_tokens,
+                                     self.sched.block_size), fj.arrival_order.get(rid))
+
+    def _holdings(self) -> Holdings:
+        """The running requests' slots by family, in one pass that builds no
+        entry; blocks and running entries when the plan asks for them."""
+        sched = self.sched
+        children = sched.fork_join.children
+        family_of = self._family
+        slots: dict[str, int] = {}
+        child_families: set[str] = set()
+        for req in sched.running:
+            family = family_of(req.request_id)
+            slots[family] = slots.get(family, 0) + 1
+            if req.request_id in children:
+                child_families.add(family)
+        members: dict[str, list[Request]] = {}
+
+        def blocks(family: str) -> int:
+            if not members:  # (the first family asked: index them all)
+                for req in self._holders():
+                    members.setdefault(family_of(req.request_id), []).append(req)
+            return self._family_blocks(members.get(family, ()))
+
+        return Holdings(slots=slots, free_slots=sched.max_num_running_reqs - len(sched.running),
+                        child_families=child_families, blocks=blocks,
+                        running=self._running_entries)
+
+    def _holders(self) -> list[Request]:
+        """Requests holding blocks the plan counts: parked parents (not
+        spilled), then the running requests."""
+        fj = self.sched.fork_join
+        parked = [st.request for st in fj.states.values()
+                  if st.parked and st.spilled_frontier is None]
+        return parked + list(self.sched.running)
+
+    def _family_blocks(self, requests: Iterable[Request]) -> int:
+        """Blocks ``requests`` (one family's) hold, each counted once; a
+        request without a family ledger is a family of one (all its own)."""
+        sched = self.sched
+        states = sched.fork_join.states
+        ids: set[int] = set()
+        alone = 0
+        for req in requests:
+            block_ids = sched.kv_cache_manager.get_block_ids(req.request_id)[0]
+            st = states.get(req.request_id)
+            if st is None or st.family is None:
+                alone += len(block_ids)
+            else:
+                ids.update(block_ids)
+        return alone + len(ids)
+
+    def _running_entries(self) -> list[Entry]:
+        """Every running request's entry, in admission order, with the blocks
+        no request before it holds (parked parents first; siblings share
+        their parent's blocks: each block counts once per family)."""
+        seen: dict[str, set[int]] = {}
+        holders = self._holders()
+        entries = [self._holding_entry(req, seen) for req in holders]
+        return entries[len(holders) - len(self.sched.running):]
+
+    def _holding_entry(self, req: Request, seen: dict[str, set[int]]) -> Entry:
         sched = self.sched
         fj = sched.fork_join
         rid = req.request_id
         st = fj.states.get(rid)
-        family = st.family.root_id if st is not None and st.family is not None else rid
-        is_child = rid in fj.children
-        if with_blocks is None:
-            # Waiting: what it needs to start, and when it came.
-            return Entry(rid, family, req.priority, is_child,
-                         blocks_to_start(req.num_tokens, req.num_computed_tokens,
-                                         sched.block_size), fj.arrival_order.get(rid))
+        family = self._family(rid)
         block_ids = sched.kv_cache_manager.get_block_ids(rid)[0]
         if st is None or st.family is None:  # a family of one: no block shared
-            return Entry(rid, family, req.priority, is_child, len(block_ids))
-        seen = with_blocks.setdefault(family, set())
-        ids = set(block_ids) - seen
-        seen |= ids
-        return Entry(rid, family, req.priority, is_child, len(ids))
+            n = len(block_ids)
+        else:
+            counted = seen.setdefault(family, set())
+            ids = set(block_ids) - counted
+            counted |= ids
+            n = len(ids)
+        return Entry(rid, family, req.priority, rid in fj.children, n)
 
 
 class _ForkedAfter:

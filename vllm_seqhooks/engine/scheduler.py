@@ -235,6 +235,7 @@ class SeqHooksMixin:
                 self.num_waiting_for_streaming_input += parked
             if fj.held_this_step:
                 fj.held_this_step.clear()
+            fj.share_step = None
         if self.splicing.maps or self.splicing.pending:
             self.splicing.attach(out)
         if fj.accounting or fj.children:
@@ -250,7 +251,8 @@ class SeqHooksMixin:
         return out
 
     def _handle_blocked_waiting_request(self, request: Request) -> bool:
-        if request.request_id in self.fork_join.held_this_step:
+        if (request.request_id in self.fork_join.held_this_step
+                or self.fair_share.holds_back(request)):
             return False  # vLLM skips it for this step, keeping its place
         return super()._handle_blocked_waiting_request(request)
 

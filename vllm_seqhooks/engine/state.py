@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm_seqhooks.core.fair_share import StepShare
 from vllm_seqhooks.core.family_limits import FamilyLedger
 from vllm_seqhooks.core.request_tree import JoinRecord, RequestTree
 from vllm_seqhooks.formats.events import ForkReached, HookScanner
@@ -137,8 +138,11 @@ class ForkJoinState:
     deferred_children: deque[DeferredChild] = field(default_factory=deque)
     #: Child request id -> clock reading at which it times out.
     child_deadlines: dict[str, float] = field(default_factory=dict)
-    #: Waiting requests vLLM skips in this step's admission (fair share).
+    #: Waiting requests vLLM skips in this step's admission (children fair
+    #: share preempted now), and the step's fair share, which holds back
+    #: other over-share children as vLLM's admission reaches them.
     held_this_step: set[str] = field(default_factory=set)
+    share_step: StepShare | None = None
     #: Requests other than children added so far, and each live one's
     #: place in that count (fair share preempts a family's children only
     #: for requests that arrived after it forked).
