@@ -35,7 +35,8 @@ def test_two_ranks_take_the_same_decisions(tmp_path):
     """Two ranks under ``torchrun`` (tensor parallel over them, hooks on, 24
     families on 16 slots): answers and traces (every spawn, join position,
     merged token, usage and limit) are identical on both ranks, and the model
-    forked; a request with a timeout is refused on both, naming why."""
+    forked; and so with timeouts, which read the ranks' agreed clock:
+    children timed out, on both ranks alike."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("two ranks need two CPUs")
@@ -46,36 +47,55 @@ def test_two_ranks_take_the_same_decisions(tmp_path):
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
-    answers = [[(text, _decisions(trace)) for text, trace in r["answers"]] for r in ranks]
-    assert answers[0] == answers[1]
-    assert sum(len(trace["children"]) for _, trace in answers[0] if trace) >= 20
-    for r in ranks:
-        assert "seqhooks_family_timeout_s" in r["refused"] and "SPMD" in r["refused"]
+    for batch in ("answers", "timed"):
+        decided = [[(text, _decisions(trace)) for text, trace in r[batch]] for r in ranks]
+        assert decided[0] == decided[1], batch
+    answers = ranks[0]["answers"]
+    assert sum(len(trace["children"]) for _, trace in answers if trace) >= 20
+    timed_out = [trace["limits"]["timed_out_children"] for _, trace in ranks[0]["timed"]
+                 if trace and trace.get("limits")]
+    assert sum(timed_out) > 0, ranks[0]["timed"]
 
 
-def _config(backend):
-    return SimpleNamespace(parallel_config=SimpleNamespace(distributed_executor_backend=backend))
+def test_an_agreed_clock_reads_the_latest_of_the_ranks_clocks(tmp_path):
+    """``AgreedClock`` over two processes of a gloo group: each gives its
+    own reading and both get the larger one."""
+    script = tmp_path / "agree.py"
+    script.write_text(
+        "import os, sys, torch.distributed as dist\n"
+        "from vllm_seqhooks.engine.agreed_clock import AgreedClock\n"
+        "dist.init_process_group('gloo')\n"
+        "clock = AgreedClock(dist.group.WORLD)\n"
+        "rank = dist.get_rank()\n"
+        "got = [clock.agree(100.0 + rank), clock.agree(5.5 - rank)]\n"
+        "now = clock()\n"
+        "open(os.path.join(sys.argv[1], f'r{rank}'), 'w').write(repr((got, now)))\n"
+        "dist.barrier()\n"
+        "dist.destroy_process_group()\n")
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(script),
+                           str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    readings = [eval((tmp_path / f"r{r}").read_text()) for r in (0, 1)]
+    assert readings[0] == readings[1]
+    assert readings[0][0] == [101.0, 5.5]
 
 
-def test_timeouts_are_refused_on_spmd_engines_only():
-    from vllm_seqhooks.engine.engine_support import unsupported_settings
+def test_the_clock_is_agreed_only_on_spmd_engines():
+    from vllm_seqhooks.engine.agreed_clock import AgreedClock
+    from vllm_seqhooks.engine.engine_support import spmd_engine
+    from vllm_seqhooks.engine.family_limits import FamilyLimits
 
-    timed = SimpleNamespace(child_timeout_s=2.0, family_timeout_s=None)
-    plain = SimpleNamespace(child_timeout_s=None, family_timeout_s=None)
-    why = unsupported_settings(_config("external_launcher"), timed)
-    assert "child_timeout_s" in why and "external_launcher" in why
-    assert unsupported_settings(_config("external_launcher"), plain) is None
-    assert unsupported_settings(_config("mp"), timed) is None
-    assert unsupported_settings(_config(None), None) is None
+    def limits(backend):
+        config = SimpleNamespace(parallel_config=SimpleNamespace(
+            distributed_executor_backend=backend))
+        return FamilyLimits(SimpleNamespace(vllm_config=config))
 
+    assert spmd_engine(SimpleNamespace(parallel_config=SimpleNamespace(
+        distributed_executor_backend="external_launcher")))
+    assert isinstance(limits("external_launcher").clock, AgreedClock)
+    for backend in ("mp", "ray", None):
+        plain = limits(backend)
+        assert not isinstance(plain.clock, AgreedClock) and plain.agree(3.0) == 3.0
 
-def test_per_request_timeouts_are_refused_on_spmd_engines_only():
-    from vllm import SamplingParams
-
-    from vllm_seqhooks.engine.validation import check_request
-
-    timed = SamplingParams(extra_args={"seqhooks_child_timeout_s": 3})
-    check_request(timed)
-    with pytest.raises(ValueError, match="seqhooks_child_timeout_s.*SPMD"):
-        check_request(timed, spmd=True)
-    check_request(SamplingParams(extra_args={"seqhooks_child_max_tokens": 3}), spmd=True)

@@ -63,34 +63,12 @@ def unsupported_splice(vllm_config, kv_cache_config=None) -> str | None:
 
 
 #: Hook settings that read the wall clock (engine-wide and per request).
-CLOCK_SETTINGS = ("child_timeout_s", "family_timeout_s")
-
-
 def spmd_engine(vllm_config) -> bool:
     """An SPMD engine: every rank runs its own scheduler on the same
     requests (``distributed_executor_backend="external_launcher"``, as verl's
-    rollout workers do) and must take the same decisions."""
+    rollout workers do) and must take the same decisions (timeouts read the
+    ranks' agreed clock there, :mod:`vllm_seqhooks.engine.agreed_clock`)."""
     return vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
-
-
-def unsupported_settings(vllm_config, hooks) -> str | None:
-    """Why these hook settings cannot run on this engine (None when they can).
-
-    * Timeouts on an SPMD engine: a deadline is a wall-clock time, and the
-      ranks' clocks never agree to the step: one rank would cut a child that
-      another lets finish, and their batches (hence the collective calls of
-      their model runners) would diverge. Every other hook decision reads
-      only tokens, steps and the order requests arrived in.
-    """
-    if hooks is not None and spmd_engine(vllm_config):
-        clock = [name for name in CLOCK_SETTINGS if getattr(hooks, name, None) is not None]
-        if clock:
-            return (f"{' and '.join(clock)} cannot be used with "
-                    "distributed_executor_backend='external_launcher': timeouts read the "
-                    "wall clock, on which the ranks of an SPMD engine disagree, so their "
-                    "decisions would differ; bound work with token budgets instead "
-                    "(child_max_tokens, family_token_factor, max_descendants)")
-    return None
 
 
 def _is_attention_spec(spec) -> bool:

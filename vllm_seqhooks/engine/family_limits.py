@@ -11,6 +11,8 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.core.family_limits import CHILD_TIMEOUT, DEADLINE, FamilyLedger, family_limits
 from vllm_seqhooks.core.request_tree import FAILED, FINISHED
+from vllm_seqhooks.engine.agreed_clock import AgreedClock
+from vllm_seqhooks.engine.engine_support import spmd_engine
 from vllm_seqhooks.engine.state import HookState
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
@@ -28,6 +30,12 @@ class FamilyLimits:
 
     def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
         self.sched = sched
+        #: A clock reading as every rank sees it (the latest of theirs on an
+        #: SPMD engine, whose ranks must take the same decisions).
+        self.agree = _as_is
+        if spmd_engine(sched.vllm_config):
+            agreed = AgreedClock()
+            self.clock, self.agree = agreed, agreed.agree
 
     def new_family(self, request: Request, per_request: dict) -> FamilyLedger:
         hooks = self.sched.hooks
@@ -41,7 +49,10 @@ class FamilyLimits:
             timeout_s=hooks.family_timeout_s,
             child_timeout_s=hooks.child_timeout_s,
         )
-        ledger = FamilyLedger(request.request_id, limits, started=request.arrival_time)
+        started = request.arrival_time
+        if limits.timeout_s is not None:  # (its deadline runs from there)
+            started = self.agree(started)
+        ledger = FamilyLedger(request.request_id, limits, started=started)
         fj = self.sched.fork_join
         fj.families[request.request_id] = ledger
         if ledger.deadline is not None:
@@ -69,9 +80,8 @@ class FamilyLimits:
         if cst is not None:
             cst.family = cst.charged_to = family
             self._defer_or_charge(family, cst)
-        deadline = family.child_deadline(self.clock())
-        if deadline is not None:
-            fj.child_deadlines[child_id] = deadline
+        if family.limits.child_timeout_s is not None:
+            fj.child_deadlines[child_id] = family.child_deadline(self.clock())
 
     def _defer_or_charge(self, family: FamilyLedger, cst: HookState) -> None:
         """A new descendant's charges are deferred while every live
@@ -203,3 +213,7 @@ class FamilyLimits:
         self.sched.metrics.inc("children_cut", len(live))
         self.sched.end_children(live, RequestStatus.FINISHED_LENGTH_CAPPED, FINISHED,
                                 CUT_REASON)
+
+
+def _as_is(reading: float) -> float:
+    return reading

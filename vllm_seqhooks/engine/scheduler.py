@@ -46,7 +46,6 @@ from vllm_seqhooks.engine.admission import Admission
 from vllm_seqhooks.engine.engine_args import engine_hooks, served_model_name
 from vllm_seqhooks.engine.engine_support import (
     unsupported_engine,
-    unsupported_settings,
     unsupported_splice,
 )
 from vllm_seqhooks.engine.fair_share import FairShare
@@ -489,8 +488,6 @@ class SeqHooksScheduler:
         hooks = SpecialKwargs.from_additional_config(vllm_config.additional_config)
         if refusal is None and hooks is not None and hooks.join == "splice":
             refusal = unsupported_splice(vllm_config, kv_cache_config)
-        if refusal is None:
-            refusal = unsupported_settings(vllm_config, hooks)
         if refusal is not None:
             raise ValueError(f"vllm-seqhooks: {refusal}")
         impl = (

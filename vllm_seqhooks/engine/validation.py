@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY
-from vllm_seqhooks.engine.engine_support import CLOCK_SETTINGS
 from vllm_seqhooks.config.request_keys import (
     ENGINE_REQUEST_KEYS,
     REQUEST_OVERRIDE_KEYS,
@@ -27,10 +26,8 @@ from vllm_seqhooks.config.request_keys import (
     unknown_request_keys,
 )
 
-def check_request(sampling_params: Any, *, spmd: bool = False) -> None:
-    """Raise ``ValueError`` (naming the field) for settings hooks cannot honour.
-    ``spmd``: the engine is an SPMD one (see ``engine_support.spmd_engine``),
-    where timeouts are refused."""
+def check_request(sampling_params: Any) -> None:
+    """Raise ``ValueError`` (naming the field) for settings hooks cannot honour."""
     unknown = unknown_request_keys(sampling_params.extra_args, ENGINE_REQUEST_KEYS)
     if unknown:
         raise ValueError(
@@ -40,14 +37,6 @@ def check_request(sampling_params: Any, *, spmd: bool = False) -> None:
     overrides = parse_request_overrides(sampling_params.extra_args)
     if overrides.get("enabled", True) is False:
         return
-    if spmd:
-        clock = [f"seqhooks_{name}" for name in CLOCK_SETTINGS if overrides.get(name) is not None]
-        if clock:
-            raise ValueError(
-                f"{', '.join(clock)} cannot be used on an SPMD engine "
-                "(distributed_executor_backend='external_launcher'): timeouts read the wall "
-                "clock, on which its ranks disagree; bound work with token budgets instead"
-            )
     if sampling_params.prompt_logprobs is not None:
         raise ValueError(
             "prompt_logprobs cannot be combined with sequence hooks: a join's merged "
@@ -65,7 +54,7 @@ def hooks_enabled(additional_config: Any) -> bool:
 
 
 def chain_validators(
-    first: Callable[[Any], None], error_type: type[Exception], *, spmd: bool = False
+    first: Callable[[Any], None], error_type: type[Exception]
 ) -> Callable[[Any], None]:
     """A params validator that runs ``first`` (vLLM's own) and then
     :func:`check_request`, whose ``ValueError`` becomes ``error_type``."""
@@ -73,7 +62,7 @@ def chain_validators(
     def validate(sampling_params: Any) -> None:
         first(sampling_params)
         try:
-            check_request(sampling_params, spmd=spmd)
+            check_request(sampling_params)
         except ValueError as exc:
             raise error_type(str(exc)) from exc
 

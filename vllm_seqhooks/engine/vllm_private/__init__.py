@@ -48,6 +48,7 @@ from vllm_seqhooks.engine.vllm_private.scheduler import (
     salt_block_hashes,
     scheduler_problems,
     share_block_hashes,
+    world_cpu_group,
 )
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "ray_on_cpu_requested", "install_per_completion_traces", "install_request_validator",
     "install_splice_inputs", "output_processor_problems",
     "model_runner_problems", "problems", "runner_kv_caches", "salt_block_hashes", "scheduler_problems",
+    "world_cpu_group",
     "share_block_hashes",
     "splice_problems", "v2_model_runner_problems", "v2_splice_problems",
 ]

@@ -51,7 +51,6 @@ def install_request_validator() -> None:
     from vllm.exceptions import VLLMValidationError
     from vllm.v1.engine.input_processor import InputProcessor
 
-    from vllm_seqhooks.engine.engine_support import spmd_engine
     from vllm_seqhooks.engine.validation import chain_validators, hooks_enabled
 
     original = InputProcessor._build_logits_processors_params_validator
@@ -67,8 +66,7 @@ def install_request_validator() -> None:
     def _build_logits_processors_params_validator(self):
         validator = original(self)
         if hooks_enabled(getattr(self.vllm_config, "additional_config", None)):
-            validator = chain_validators(validator, VLLMValidationError,
-                                         spmd=spmd_engine(self.vllm_config))
+            validator = chain_validators(validator, VLLMValidationError)
         return validator
 
     wrap_method(InputProcessor, "_build_logits_processors_params_validator",

@@ -136,7 +136,28 @@ def scheduler_problems() -> list[str]:
         found.append("RequestStatus.WAITING_FOR_STREAMING_REQ is missing")
     found += _block_hasher_problems()
     found += _waiting_queue_problems()
+    found += _world_group_problems()
     return found
+
+
+def world_cpu_group():
+    """The CPU (gloo) process group over every rank of this engine: vLLM's
+    world group, initialized by the worker before the scheduler is built
+    (with ``external_launcher`` both live in each rank's process)."""
+    from vllm.distributed.parallel_state import get_world_group
+
+    return get_world_group().cpu_group
+
+
+def _world_group_problems() -> list[str]:
+    from vllm.distributed import parallel_state
+
+    if not callable(getattr(parallel_state, "get_world_group", None)):
+        return ["vllm.distributed.parallel_state.get_world_group is gone"]
+    init_src = inspect.getsource(parallel_state.GroupCoordinator.__init__)
+    if "self.cpu_group" not in init_src:
+        return ["GroupCoordinator.cpu_group is no longer set in __init__"]
+    return []
 
 
 def _block_hasher_problems() -> list[str]:
