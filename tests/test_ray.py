@@ -74,60 +74,72 @@ def _strip_ids(tree: str) -> str:
     return re.sub(r"request \S+", "request", tree)
 
 
+def _answers(llm, task, prompts) -> list[tuple[str, str]]:
+    from vllm import SamplingParams
+
+    from vllm_seqhooks import format_tree
+
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=task.PARENT_MAX_TOKENS),
+                        use_tqdm=False)
+    return [(o.outputs[0].text, _strip_ids(format_tree(o.hook_trace))) for o in outs]
+
+
+def _one_process(task, prompts) -> list[tuple[str, str]]:
+    """An embedded model's answers and trees on one process's engine."""
+    from vllm_seqhooks import LLM
+
+    llm = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS)
+    try:
+        return _answers(llm, task, prompts)
+    finally:
+        llm.shutdown()
+
+
 @pytest.fixture(scope="module")
 def forkjoin_reference():
     """The embedded fork/join model's answers and trees, one process."""
-    from vllm import SamplingParams
-
-    from vllm_seqhooks import LLM, format_tree
     from vllm_seqhooks.__main__ import demo_problems
     from vllm_seqhooks.tasks import forkjoin as task
 
     prompts = [p.prompt for p in demo_problems(7)]
-    llm = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS)
-    try:
-        outs = llm.generate(prompts, SamplingParams(temperature=0,
-                                                    max_tokens=task.PARENT_MAX_TOKENS),
-                            use_tqdm=False)
-    finally:
-        llm.shutdown()
-    answers = [(o.outputs[0].text, _strip_ids(format_tree(o.hook_trace))) for o in outs]
+    answers = _one_process(task, prompts)
     assert sum(a[0].count("<sync>") for a in answers) >= 3  # the model forks
     return prompts, answers
 
 
 @pytest.mark.slow
-def test_tensor_parallel_ray_workers_on_one_node(forkjoin_reference, monkeypatch):
+def test_tensor_parallel_ray_workers_on_one_node(monkeypatch):
     """``distributed_executor_backend="ray"``, TP = 2, no cluster running:
     vLLM's own ``ray.init()`` starts one; both Ray workers load the hook
-    worker extension (families contiguous in their batches) and the answers
-    and trees equal one process's."""
-    from vllm import SamplingParams
-
-    from vllm_seqhooks import LLM, format_tree
-    from vllm_seqhooks.tasks import forkjoin as task
+    worker extension (families contiguous in their batches) and the
+    embedded ThreadWeaver model's answers and trees (the engine forking at
+    its outline, children joined by text) equal one process's. (The
+    fork/join model is compared over Ray in the two-node tests below.)"""
+    from vllm_seqhooks import LLM
+    from vllm_seqhooks.tasks import threadweaver as task
 
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("two Ray workers need two CPUs")
+    prompts = [p.prompt for p in task.heldout_problems(6)]
+    reference = _one_process(task, prompts)
+    assert sum(tree.count("[merged") for _, tree in reference) >= 10  # children joined
     monkeypatch.setenv("SEQHOOKS_TEST_RAY_ON_CPU", "1")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", f"{cpus[0]}|{cpus[1]}")
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(callable)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    prompts, reference = forkjoin_reference
     llm = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS,
               tensor_parallel_size=2, distributed_executor_backend="ray")
     try:
-        outs = llm.generate(prompts, SamplingParams(temperature=0,
-                                                    max_tokens=task.PARENT_MAX_TOKENS),
-                            use_tqdm=False)
+        got = _answers(llm, task, prompts)
         flags = llm.collective_rpc(
             lambda self: self.model_runner.__dict__.get("_seqhooks_family_order"))
         workers = llm.collective_rpc(lambda self: type(self).__name__)
     finally:
         llm.shutdown()
-    assert [(o.outputs[0].text, _strip_ids(format_tree(o.hook_trace))) for o in outs] == reference
+    assert got == reference
+    assert all(task.check(p, text) for p, (text, _) in zip(task.heldout_problems(6), got))
     assert flags == [True, True]
     assert len(workers) == 2
 
