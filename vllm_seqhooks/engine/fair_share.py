@@ -39,12 +39,11 @@ class FairShare:
             fj.held_this_step.update(step.preempt)  # (over their share too)
 
     def holds_back(self, request: Request) -> bool:
-        """Whether this step's share keeps waiting ``request`` (a child) out
-        of admission: asked when vLLM's admission reaches it."""
+        """Whether this step's share (there is one) keeps waiting ``request``
+        (a child) out of admission: asked when vLLM's admission reaches it."""
         fj = self.sched.fork_join
         rid = request.request_id
-        if (fj.share_step is None or rid not in fj.children
-                or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+        if (rid not in fj.children or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
                 or request.num_computed_tokens):  # (parked, or queued holding blocks)
             return False
         return fj.share_step.holds(self._family(rid), request.priority)

@@ -250,8 +250,9 @@ class SeqHooksMixin:
         return out
 
     def _handle_blocked_waiting_request(self, request: Request) -> bool:
-        if (request.request_id in self.fork_join.held_this_step
-                or self.fair_share.holds_back(request)):
+        fj = self.fork_join
+        if fj.share_step is not None and (request.request_id in fj.held_this_step
+                                          or self.fair_share.holds_back(request)):
             return False  # vLLM skips it for this step, keeping its place
         return super()._handle_blocked_waiting_request(request)
 
