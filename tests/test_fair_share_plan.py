@@ -1,5 +1,6 @@
 """Fair share worked out per step without an entry per running request, and
-holds decided as vLLM's admission reaches each waiting child (issue 20),
+holds decided per family and asked as vLLM's admission reaches each waiting
+child (issue 20),
 take the same decisions as the plan over every queued request written
 plainly (:func:`reference_plan`, the policy of
 ``vllm_seqhooks.core.fair_share``'s docstring, one entry per waiting,

@@ -5,8 +5,8 @@ requests.
 Pure Python, no vLLM import. The scheduler gives, each step, an entry per
 waiting request and what the running and parked requests hold
 (:class:`Holdings`: counts per family, blocks and running entries only when
-asked); :class:`StepShare` works out the preemptions at once and whether a
-waiting child is held back only for the children vLLM's admission reaches.
+asked); :class:`StepShare` works out the preemptions and each waiting
+family's hold once, and vLLM's admission asks it per child it reaches.
 :func:`plan` is the same policy over whole queues, one entry per request.
 
 A *family* is a request and its descendants; a request without hooks is a
@@ -121,8 +121,8 @@ def plan(
     in admission order, ``parked``: requests holding blocks without a slot,
     ``forked_after``: by family, how many requests had arrived when it
     spawned its first child (its children are preempted only for later
-    arrivals). The engine uses :class:`StepShare` instead, which decides a
-    waiting child's hold only when vLLM's admission reaches it."""
+    arrivals). The engine uses :class:`StepShare` instead, which decides
+    holds per family and is asked per child as vLLM's admission reaches it."""
     step = StepShare(waiting, holdings_of(running, parked, max_running),
                      max_running=max_running, total_blocks=total_blocks,
                      forked_after=forked_after)
@@ -179,11 +179,13 @@ def _most_urgent(waiting: Sequence[Entry], max_blocks: int | None = None) -> _Mo
 class StepShare:
     """One step's fair share, from the waiting requests' entries (queue
     order) and what the running and parked requests hold: the share of
-    slots and blocks, the children to preempt now, and, asked per waiting
-    child as vLLM's admission reaches it, whether it is held back.
+    slots and blocks, the children to preempt now, and whether a waiting
+    child is held back (decided once per family and priority, asked per
+    child as vLLM's admission reaches it).
 
     Holds are decided on the holdings before this step's preemptions (a
-    preempted child is held back too: the engine keeps it out); the
+    preempted child is held back too: the engine keeps it out); a family's
+    blocks are counted only when its slots do not already decide; the
     preemptions are worked out in queue order, which needs the waiting
     requests one by one only when one of them may preempt (it arrived after
     a family with running children forked)."""
@@ -207,7 +209,13 @@ class StepShare:
         # requests that a share of the blocks can hold.
         self._urgent = _most_urgent(waiting)
         self._urgent_fitting: _MostUrgent | None = None
+        # Each waiting family's holds, decided now, on what is held before
+        # the step (vLLM allocates blocks to running requests before it
+        # reaches the waiting ones); asked per child as admission reaches it.
         self._memo: dict[tuple[str, int], bool] = {}
+        for e in waiting:
+            if e.is_child:
+                self.holds(e.family, e.priority)
         forks = [forked_after.get(f) for f in held.child_families] if forked_after else []
         forks = [n for n in forks if n is not None] or [0]
         first_fork = min(forks)

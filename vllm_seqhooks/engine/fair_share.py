@@ -1,6 +1,6 @@
 """Fair share applied: each step's share (:mod:`vllm_seqhooks.core.fair_share`)
-keeps over-share children out of this step's admission (asked as vLLM's
-admission reaches each waiting child, see the scheduler's
+keeps over-share children out of this step's admission (vLLM's admission
+asks it about each waiting child it reaches, see the scheduler's
 ``_handle_blocked_waiting_request``) and preempts the newest children of a
 family that holds more than its share while others wait."""
 
@@ -117,7 +117,8 @@ class FairShare:
 
     def _holdings(self) -> Holdings:
         """The running requests' slots by family, in one pass that builds no
-        entry; blocks and running entries when the plan asks for them."""
+        entry; a family's blocks and the running entries only when the share
+        asks for them (while it is worked out, before vLLM schedules)."""
         sched = self.sched
         children = sched.fork_join.children
         family_of = self._family
