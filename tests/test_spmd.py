@@ -83,8 +83,7 @@ def test_an_agreed_clock_reads_the_latest_of_the_ranks_clocks(tmp_path):
 
 
 def test_the_clock_is_agreed_only_on_spmd_engines():
-    from vllm_seqhooks.engine.agreed_clock import AgreedClock
-    from vllm_seqhooks.engine.engine_support import spmd_engine
+    from vllm_seqhooks.engine.agreed_clock import AgreedClock, spmd_engine
     from vllm_seqhooks.engine.family_limits import FamilyLimits
 
     def limits(backend):

@@ -22,6 +22,13 @@ from __future__ import annotations
 import time
 
 
+def spmd_engine(vllm_config) -> bool:
+    """An SPMD engine: every rank runs its own scheduler on the same
+    requests (``distributed_executor_backend="external_launcher"``, as verl's
+    rollout workers do) and must take the same decisions."""
+    return vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
+
+
 class AgreedClock:
     """``time.time()``, agreed between the ranks of an SPMD engine."""
 

@@ -62,15 +62,6 @@ def unsupported_splice(vllm_config, kv_cache_config=None) -> str | None:
     return None
 
 
-#: Hook settings that read the wall clock (engine-wide and per request).
-def spmd_engine(vllm_config) -> bool:
-    """An SPMD engine: every rank runs its own scheduler on the same
-    requests (``distributed_executor_backend="external_launcher"``, as verl's
-    rollout workers do) and must take the same decisions (timeouts read the
-    ranks' agreed clock there, :mod:`vllm_seqhooks.engine.agreed_clock`)."""
-    return vllm_config.parallel_config.distributed_executor_backend == "external_launcher"
-
-
 def _is_attention_spec(spec) -> bool:
     from vllm.v1.kv_cache_interface import AttentionSpec, UniformTypeKVCacheSpecs
 

@@ -31,18 +31,19 @@ class FairShare:
         """This step's share: preempt what it says now; children it holds
         back are kept out of admission as vLLM reaches them
         (:meth:`holds_back`)."""
-        fj = self.sched.fork_join
         step = self._step()
-        fj.share_step = step
+        self.sched.fork_join.share_step = step
         if step is not None and step.preempt:
             self._preempt(step)
-            fj.held_this_step.update(step.preempt)  # (over their share too)
 
     def holds_back(self, request: Request) -> bool:
         """Whether this step's share (there is one) keeps waiting ``request``
-        (a child) out of admission: asked when vLLM's admission reaches it."""
+        (a child) out of admission: asked when vLLM's admission reaches it.
+        The children it preempted are over their share too."""
         fj = self.sched.fork_join
         rid = request.request_id
+        if rid in fj.share_step.preempt:
+            return True
         if (rid not in fj.children or request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
                 or request.num_computed_tokens):  # (parked, or queued holding blocks)
             return False
@@ -150,20 +151,9 @@ class FairShare:
         return parked + list(self.sched.running)
 
     def _family_blocks(self, requests: Iterable[Request]) -> int:
-        """Blocks ``requests`` (one family's) hold, each counted once; a
-        request without a family ledger is a family of one (all its own)."""
-        sched = self.sched
-        states = sched.fork_join.states
-        ids: set[int] = set()
-        alone = 0
-        for req in requests:
-            block_ids = sched.kv_cache_manager.get_block_ids(req.request_id)[0]
-            st = states.get(req.request_id)
-            if st is None or st.family is None:
-                alone += len(block_ids)
-            else:
-                ids.update(block_ids)
-        return alone + len(ids)
+        """Blocks ``requests`` (one family's) hold, each counted once."""
+        seen: dict[str, set[int]] = {}
+        return sum(self._unseen_blocks(req, seen) for req in requests)
 
     def _running_entries(self) -> list[Entry]:
         """Every running request's entry, in admission order, with the blocks
@@ -175,20 +165,24 @@ class FairShare:
         return entries[len(holders) - len(self.sched.running):]
 
     def _holding_entry(self, req: Request, seen: dict[str, set[int]]) -> Entry:
-        sched = self.sched
-        fj = sched.fork_join
         rid = req.request_id
-        st = fj.states.get(rid)
-        family = self._family(rid)
-        block_ids = sched.kv_cache_manager.get_block_ids(rid)[0]
-        if st is None or st.family is None:  # a family of one: no block shared
-            n = len(block_ids)
-        else:
-            counted = seen.setdefault(family, set())
-            ids = set(block_ids) - counted
-            counted |= ids
-            n = len(ids)
-        return Entry(rid, family, req.priority, rid in fj.children, n)
+        return Entry(rid, self._family(rid), req.priority, rid in self.sched.fork_join.children,
+                     self._unseen_blocks(req, seen))
+
+    def _unseen_blocks(self, req: Request, seen: dict[str, set[int]]) -> int:
+        """How many of the blocks ``req`` holds ``seen`` (the blocks counted
+        so far, by family) lacks, adding them: siblings share their parent's
+        blocks, each counted once per family. A request without a family
+        ledger is a family of one: all its blocks are its own."""
+        rid = req.request_id
+        block_ids = self.sched.kv_cache_manager.get_block_ids(rid)[0]
+        st = self.sched.fork_join.states.get(rid)
+        if st is None or st.family is None:
+            return len(block_ids)
+        counted = seen.setdefault(st.family.root_id, set())
+        ids = set(block_ids) - counted
+        counted |= ids
+        return len(ids)
 
 
 class _ForkedAfter:

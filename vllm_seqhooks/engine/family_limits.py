@@ -11,8 +11,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.core.family_limits import CHILD_TIMEOUT, DEADLINE, FamilyLedger, family_limits
 from vllm_seqhooks.core.request_tree import FAILED, FINISHED
-from vllm_seqhooks.engine.agreed_clock import AgreedClock
-from vllm_seqhooks.engine.engine_support import spmd_engine
+from vllm_seqhooks.engine.agreed_clock import AgreedClock, spmd_engine
 from vllm_seqhooks.engine.state import HookState
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.

@@ -44,10 +44,7 @@ from vllm_seqhooks.engine import WORKER_EXTENSION_CLASS_PATH, patches, vllm_priv
 from vllm_seqhooks.engine.accounting import Accounting
 from vllm_seqhooks.engine.admission import Admission
 from vllm_seqhooks.engine.engine_args import engine_hooks, served_model_name
-from vllm_seqhooks.engine.engine_support import (
-    unsupported_engine,
-    unsupported_splice,
-)
+from vllm_seqhooks.engine.engine_support import unsupported_engine, unsupported_splice
 from vllm_seqhooks.engine.fair_share import FairShare
 from vllm_seqhooks.engine.family_limits import FamilyLimits
 from vllm_seqhooks.engine.joins import Joins
@@ -232,8 +229,6 @@ class SeqHooksMixin:
         finally:
             if parked:
                 self.num_waiting_for_streaming_input += parked
-            if fj.held_this_step:
-                fj.held_this_step.clear()
             fj.share_step = None
         if self.splicing.maps or self.splicing.pending:
             self.splicing.attach(out)
@@ -250,9 +245,7 @@ class SeqHooksMixin:
         return out
 
     def _handle_blocked_waiting_request(self, request: Request) -> bool:
-        fj = self.fork_join
-        if fj.share_step is not None and (request.request_id in fj.held_this_step
-                                          or self.fair_share.holds_back(request)):
+        if self.fork_join.share_step is not None and self.fair_share.holds_back(request):
             return False  # vLLM skips it for this step, keeping its place
         return super()._handle_blocked_waiting_request(request)
 

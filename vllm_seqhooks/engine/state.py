@@ -138,10 +138,8 @@ class ForkJoinState:
     deferred_children: deque[DeferredChild] = field(default_factory=deque)
     #: Child request id -> clock reading at which it times out.
     child_deadlines: dict[str, float] = field(default_factory=dict)
-    #: Waiting requests vLLM skips in this step's admission (children fair
-    #: share preempted now), and the step's fair share, which holds back
-    #: other over-share children as vLLM's admission reaches them.
-    held_this_step: set[str] = field(default_factory=set)
+    #: This step's fair share: vLLM's admission skips the children it
+    #: preempted and the over-share children it holds back.
     share_step: StepShare | None = None
     #: Requests other than children added so far, and each live one's
     #: place in that count (fair share preempts a family's children only
