@@ -566,6 +566,16 @@ def run_generate(llm: Any, prompts: Sequence[list[int]], params: Any) -> tuple[f
     return time.perf_counter() - t0, outs
 
 
+def publish(out_dir: Path | None, name: str, results: dict[str, Any], text: str) -> None:
+    """Print a benchmark's report ``text`` and, with ``out_dir``, write it
+    there as ``name``.md beside its ``results`` as ``name``.json."""
+    print(text)
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
+        (out_dir / f"{name}.md").write_text(text)
+
+
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import time
 from pathlib import Path
@@ -154,6 +153,8 @@ def report(results: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.common import publish
+
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fair_share_step",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -165,12 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args.slots, args.repeats)
     command = (f"python -m benchmarks.fair_share_step --slots {' '.join(map(str, args.slots))} "
                f"--repeats {args.repeats}")
-    text = report(results, command)
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "fair_share_step.json").write_text(json.dumps(results, indent=1))
-        (args.out / "fair_share_step.md").write_text(text)
+    publish(args.out, "fair_share_step", results, report(results, command))
     return 0
 
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import time
 from pathlib import Path
@@ -370,6 +369,8 @@ def report(results: dict[str, Any], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.common import publish
+
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scheduler_step",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -383,12 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.scheduler_step " + " ".join(
         [f"--sizes {' '.join(map(str, args.sizes))}", f"--repeats {args.repeats}",
          f"--steps {args.steps}"])
-    text = report(results, command)
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "scheduler_step.json").write_text(json.dumps(results, indent=1))
-        (args.out / "scheduler_step.md").write_text(text)
+    publish(args.out, "scheduler_step", results, report(results, command))
     return 0
 
 
