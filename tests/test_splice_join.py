@@ -116,6 +116,33 @@ def test_a_parent_that_forks_again_after_a_splice_join(prefix_caching, tiny_mode
         assert several and all(f["recomputed"] for f in several)
 
 
+def test_splice_joins_after_spills_equal_the_oracle(tiny_model_dir):
+    """A KV cache for 1,400 tokens (9 families of up to ~600 tokens each):
+    parked parents are spilled. A spilled parent splices all the same: its
+    context comes back from the prefix cache and (its last tokens) from its
+    first child; its tokens after the join equal the oracle's. A join
+    whose blocks cannot be had re-prefills, and then equals causal
+    generation. Nothing waits forever, nothing is left behind."""
+    from benchmarks.common import kv_bytes_per_token
+    from pathlib import Path
+
+    run = _run(MODES[0], tiny_model_dir, seed=17,
+               kv_cache_memory_bytes=1400 * kv_bytes_per_token(Path(tiny_model_dir), "float32"))
+    _assert_clean(run)
+    stats = run["stats"]
+    assert stats["spills"] >= FAMILIES // 2
+    families = run["families"]
+    after_spill = [f for f in families if f["modes"] == ["splice"] and f["context_copied"][0]]
+    assert len(after_spill) == stats["splice_joins_after_spill"] >= 3
+    checks = splice_families.oracle_check(tiny_model_dir, run)
+    for family, check in zip(families, checks):
+        if family["modes"] == ["reprefill"]:
+            assert check["got"] == check["causal"]
+        elif not family["parent_recomputed"]:
+            assert family["prefilled"] == [len(run["suffix"])]
+            assert check["got"] == check["splice"], (check["fork"], check["paths"])
+
+
 def test_splice_joins_with_chunked_prefill(tiny_model_dir):
     """A step budget of 40 tokens for 9 families: prompts and children's
     prompts are computed over several steps, a join's suffix may be (the

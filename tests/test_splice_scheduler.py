@@ -128,6 +128,7 @@ def _pressured(num_blocks: int):
     """Three long plain requests, then a splice family, on a small cache:
     the parent resumes last, so it is the one vLLM preempts."""
     h, sent = splice_harness(False, num_blocks=num_blocks)
+    h.sent = sent
     for i in range(3):
         h.scripts[f"p{i}"] = enc("z" * 200) + [EOS]
         h.add(f"p{i}", enc("P" * 40), max_tokens=400)
@@ -148,8 +149,71 @@ def test_a_spliced_parent_that_vllm_preempts_is_counted():
     assert (stats["splice_joins"], stats["splice_recomputes"], stats["splice_fallbacks"]) == (1, 1, 0)
 
 
-def test_a_parent_spilled_while_parked_joins_by_reprefill():
+def test_a_parent_spilled_while_parked_still_splices():
+    """Its KV went back to the pool while it waited: at the join it takes
+    the prefix cache's whole blocks of its context again, and fresh blocks
+    for the rest, into which its context's last tokens are copied from its
+    first child, whose context they are (with the paths, as always)."""
     h = _pressured(22)
+    sent = h.sent
     (join,) = h.trace("r")["joins"]
-    assert join["mode"] == "reprefill" and "spilled" in join["fallback"]
+    assert join["mode"] == "splice" and "fallback" not in join
+    context = len(enc("Q:" + GOAL))
+    copied = join["splice_context_copied"]
+    assert copied == context - context // h.block_size * h.block_size  # its partial block
+    stats = h.sched.hook_stats
+    assert stats["spills"] >= 1
+    assert (stats["splice_joins"], stats["splice_joins_after_spill"], stats["splice_fallbacks"]) == (
+        1, 1, 0)
+    ((scheduled, splice),) = [(n, si) for n, si in sent if si is not None and si.copy_from]
+    paths = len(enc(PATH_1)) + len(enc(PATH_2))
+    assert len(splice.copy_from) == copied + paths
+    assert scheduled["r"] == len(enc(SUFFIX))  # still only the suffix is computed
+
+
+def test_a_join_whose_blocks_are_not_free_waits_while_others_run():
+    """Three plain requests fill the cache: the parent's join waits for
+    their blocks instead of falling back."""
+    h = _pressured(24)
+    (join,) = h.trace("r")["joins"]
+    assert join["mode"] == "splice"
+    assert h.sched.hook_stats["splice_fallbacks"] == 0
+
+
+@pytest.mark.parametrize("num_blocks", [21, 24])
+def test_a_join_whose_blocks_cannot_be_free_reprefills(num_blocks):
+    """Alone in a small cache, the parent's merge does not fit beside the
+    blocks its children hold, and nothing runs that could free any: the
+    join re-prefills (the children's blocks go back first) instead of
+    waiting forever."""
+    h, _ = splice_harness(False, num_blocks=num_blocks)
+    h.scripts["r"] = enc(GOAL + "x" * 20) + [EOS]
+    h.scripts[child_id("r", 0)] = enc(" " + "a" * 90 + "</Path>")
+    h.scripts[child_id("r", 1)] = enc(" " + "b" * 90) + [EOS]
+    h.add("r", enc("Q:"), max_tokens=400)
+    h.run(3000)
+    (join,) = h.trace("r")["joins"]
+    assert join["mode"] == "reprefill" and "no free KV blocks" in join["fallback"]
+    assert dec(h.tokens["r"]).endswith(SUFFIX + "x" * 20 + "</s>")
     assert h.sched.hook_stats["splice_fallbacks"] == 1
+    assert_idle(h)
+
+
+def test_held_blocks_given_back_make_the_join_reprefill():
+    """What KV pressure does when nothing runs and a waiting request needs
+    blocks: a finished child's held blocks go back; its parent's join then
+    re-prefills, says why, and nothing is left behind."""
+    h, _ = splice_harness(False)
+    h.scripts["r"] = enc(GOAL + "x") + [EOS]
+    h.scripts[child_id("r", 0)] = enc(" a</Path>")
+    h.scripts[child_id("r", 1)] = enc(" b" * 30) + [EOS]
+    h.add("r", enc("Q:"), max_tokens=400)
+    h.run_until(lambda: bool(h.sched.splicing.held), 300)
+    h.sched.splicing.release_held_for(lambda: True)
+    assert not h.sched.splicing.held
+    h.run(600)
+    (join,) = h.trace("r")["joins"]
+    assert join["mode"] == "reprefill" and "under KV pressure" in join["fallback"]
+    assert h.sched.hook_stats["splice_holds_released"] == 1
+    assert dec(h.tokens["r"]).startswith(GOAL + "\n<Path>\n1: a</Path>\n<Path>\n2:" + " b" * 30)
+    assert_idle(h)

@@ -53,8 +53,11 @@ class JoinRecord:
     #: (None where a merge re-tokenized text).
     at: int | None = None
     pieces: list[list] | None = None
-    #: A splice join: each path's tokens (its child's start and output).
+    #: A splice join: each path's tokens (its child's start and output);
+    #: after a spill, the parent's own tokens copied from its first child
+    #: (those the prefix cache no longer held).
     splice_paths: list[int] | None = None
+    splice_context_copied: int | None = None
 
 
 @dataclass

@@ -110,6 +110,8 @@ def build_trace(
                 "at": j.at,
                 "pieces": j.pieces,
                 **({"splice_paths": j.splice_paths} if j.splice_paths else {}),
+                **({"splice_context_copied": j.splice_context_copied}
+                   if j.splice_context_copied else {}),
                 **({"fallback": j.fallback} if j.fallback else {}),
             }
             for j in node.joins

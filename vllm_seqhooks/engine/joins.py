@@ -175,10 +175,17 @@ class Joins:
     # --------------------------------------------------------------- joins
     def join_ready(self) -> None:
         """Join every parent whose children have all ended (may cascade: a
-        child finishing after its own join)."""
+        child finishing after its own join); a splice join whose blocks are
+        not free yet waits for a later step (``Splicing.waits_for_blocks``)."""
         fj = self.sched.fork_join
+        later = []
         while fj.ready_joins:
-            self._join(fj.ready_joins.pop(0))
+            rid = fj.ready_joins.pop(0)
+            if self.sched.splicing.waits_for_blocks(rid):
+                later.append(rid)
+            else:
+                self._join(rid)
+        fj.ready_joins = later
 
     def _join(self, rid: str) -> None:
         sched = self.sched
@@ -274,7 +281,7 @@ class Joins:
             record = node.joins[-1]
             if all(p.tokens is not None for p in pieces):
                 merged, record.fallback = splicing.merge(
-                    st, fork.pos, children, codec.encode(suffix_text))
+                    st, fork.pos, children, codec.encode(suffix_text), record)
                 if merged is not None:
                     record.mode = "splice"
                     pieces = self._splice_pieces(children, len(merged))

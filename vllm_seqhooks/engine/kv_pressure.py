@@ -32,7 +32,9 @@ class KVPressure:
         one until it can: their full blocks stay in the prefix cache (the
         ones their running children share stay in use), so a spilled parent
         recomputes at its join only its last partial block and whatever
-        was evicted in between. A client-side loop frees every parent's
+        was evicted in between. When nothing runs and that is still not
+        enough, children held for splice joins give their blocks back. A
+        client-side loop frees every parent's
         blocks at every round; this does it only under pressure. Without
         it, with nothing running and every block parked, the engine would
         spin forever.
@@ -43,7 +45,11 @@ class KVPressure:
         for st in reversed(self._holders()):
             self.spill(st)
             if not self._waiting_needs_blocks():
-                break
+                return
+        if not sched.running and sched.splicing.held:
+            # Nothing runs that could free blocks: the blocks finished
+            # children keep for their parents' splice joins go back too.
+            sched.splicing.release_held_for(self._waiting_needs_blocks)
 
     def order_for_preemption(self) -> None:
         """When the free blocks cannot give every running request one more,

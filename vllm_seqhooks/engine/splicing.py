@@ -24,9 +24,14 @@ children computed instead of prefilling their outputs again
   the join on, so its spliced blocks are never served from the prefix cache
   to a request whose attention differs (its own later children share them
   through ``share_block_hashes``).
+- A parent whose KV was spilled while it waited (KV pressure) takes blocks
+  for its context again at the join: the prefix cache's whole blocks, and
+  fresh ones into which the rest of its context is copied from its first
+  child (whose context it is), with the paths (``splice_context_copied``).
 - A join falls back to re-prefill (counted, and said in the trace) when a
   path's KV is not all there: a child that failed or ran out of tokens, a
-  parent whose KV was spilled, or a merge cut by ``max_model_len``.
+  spilled parent for whose context no blocks are free, or a merge cut by
+  ``max_model_len``.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class Splicing:
         #: The map of each request whose positions run behind its token
         #: indices (after a splice join, and its descendants).
         self.maps: dict[str, SpliceMap] = {}
+        self._suffix_len: int | None = None
 
     # ---------------------------------------------------------- children
     def drains(self, child_id: str) -> bool:
@@ -111,6 +117,18 @@ class Splicing:
         self._release(child_ids)
         self.sched.metrics.inc("splice_fallbacks", 1)
 
+    def release_held_for(self, needs_blocks) -> None:
+        """KV pressure with nothing running: finished children give their
+        held blocks back, oldest first, while ``needs_blocks()`` (the next
+        waiting request cannot start). Their parents' joins re-prefill."""
+        for cid in list(self.held):
+            if not needs_blocks():
+                return
+            self._release([cid])
+            self.sched.metrics.inc("splice_holds_released", 1)
+            logger.info("%s gives its held KV blocks back (nothing runs and the next "
+                        "waiting request needs them); its parent's join re-prefills", cid)
+
     def _release(self, child_ids) -> None:
         for cid in child_ids:
             request = self.held.pop(cid, None)
@@ -119,42 +137,40 @@ class Splicing:
                 self.sched._free_blocks(request)
 
     # -------------------------------------------------------------- join
-    def merge(self, st, keep: int, children: list[str],
-              suffix: list[int]) -> tuple[list[int] | None, str | None]:
+    def merge(self, st, keep: int, children: list[str], suffix: list[int],
+              record) -> tuple[list[int] | None, str | None]:
         """The tokens a parked parent goes on with when it splices
         ``children`` after its first ``keep`` tokens (its fork tag's last
         token, then each path, then ``suffix``), with its copies planned and
         its shift set; or None and why the join must re-prefill (the held
-        blocks of the children are then given back)."""
+        blocks of the children are then given back). A parent whose KV was
+        spilled while it waited takes blocks for its first ``keep`` tokens
+        again (``record.splice_context_copied`` says how many it copies)."""
         sched = self.sched
         req = st.request
         rid = req.request_id
-        tree = sched.fork_join.tree
         context = keep + 1  # its tokens, the fork tag's last included
-        reason = None
-        if st.spilled_frontier is not None or req.num_computed_tokens != keep:
-            reason = "the parent's KV was spilled"
-        paths: list[tuple[str, list[int]]] = []
-        for cid in children:
-            child = self.held.get(cid)
-            node = tree.get(cid)
-            if child is None or node is None:
-                reason = reason or f"child {cid} has no KV to give (it ran out of tokens)"
-                continue
-            end = context + len(node.start_tokens) + len(node.output_tokens or ())
-            if child.num_computed_tokens < end or (
-                    child.all_token_ids[:context] != req.all_token_ids[:context]):
-                reason = reason or f"child {cid}'s KV is not all there"
-                continue
-            paths.append((cid, child.all_token_ids[context:end]))
+        spilled = st.spilled_frontier is not None
+        paths, reason = self._paths(st, keep, children)
         merged = [req.all_token_ids[keep]] + [t for _, p in paths for t in p] + list(suffix)
         if reason is None and keep + len(merged) > sched.max_model_len:
             reason = "the merge passes max_model_len"
+        start = None if reason is not None else self._allocate(st, keep, keep + len(merged))
+        if reason is None and start is None:
+            reason = (f"no free KV blocks for its merge"
+                      f"{' and its context (its KV was spilled)' if spilled else ''}")
         if reason is not None:
             self.give_back(children)
             logger.debug("%s joins by re-prefill: %s", rid, reason)
             return None, reason
-        indices, sources = [keep], [(paths[0][0], keep)]
+        if spilled:
+            record.splice_context_copied = context - start
+            sched.metrics.inc("splice_joins_after_spill", 1)
+        # Its own tokens it has no KV for (the fork tag's last, and after a
+        # spill what the prefix cache did not keep) come from the first
+        # child, whose context they are.
+        indices = list(range(start, context))
+        sources = [(paths[0][0], i) for i in indices]
         at = context
         for cid, path in paths:
             indices += range(at, at + len(path))
@@ -172,6 +188,86 @@ class Splicing:
         sched.metrics.inc("splice_joins", 1)
         sched.metrics.inc("spliced_tokens", len(indices))
         return merged, None
+
+    def _paths(self, st, keep: int,
+               children: list[str]) -> tuple[list[tuple[str, list[int]]], str | None]:
+        """Each child's path (its tokens after the parent's context), as far
+        as its held KV goes; and why the join cannot splice, if it cannot."""
+        sched = self.sched
+        req = st.request
+        tree = sched.fork_join.tree
+        context = keep + 1
+        reason = None
+        if st.spilled_frontier is not None:
+            if req.num_computed_tokens or req in sched.fork_join.requeue_after_step:
+                reason = "the parent's KV was spilled in a step still in flight"
+        elif req.num_computed_tokens != keep:
+            reason = "the parent's KV does not end at its fork"
+        paths: list[tuple[str, list[int]]] = []
+        for cid in children:
+            child = self.held.get(cid)
+            node = tree.get(cid)
+            if child is None or node is None:
+                reason = reason or (f"child {cid} has no KV to give (it ran out of tokens, "
+                                    "or gave its blocks back under KV pressure)")
+                continue
+            end = context + len(node.start_tokens) + len(node.output_tokens or ())
+            if child.num_computed_tokens < end or (
+                    child.all_token_ids[:context] != req.all_token_ids[:context]):
+                reason = reason or f"child {cid}'s KV is not all there"
+                continue
+            paths.append((cid, child.all_token_ids[context:end]))
+        return paths, reason
+
+    def _allocate(self, st, keep: int, num_tokens: int) -> int | None:
+        """The parent takes KV blocks for its tokens after the join now
+        (:func:`~vllm_seqhooks.engine.vllm_private.allocate_join_blocks`);
+        a parent whose KV was spilled takes its context's blocks again and
+        waits again as one holding KV. Returns how many of its tokens have
+        their KV already; None when the blocks are not free."""
+        sched = self.sched
+        req = st.request
+        have = vllm_private.allocate_join_blocks(
+            sched.kv_cache_manager, req, num_tokens, sched.block_size)
+        if have is None or st.spilled_frontier is None:
+            return have
+        sched.waiting.remove_request(req)
+        sched.kv_holding_waiting.add_request(req)
+        req.num_computed_tokens = keep
+        st.spilled_frontier = None
+        logger.info("%s joins by splice after its KV was spilled: %d tokens back from the "
+                    "prefix cache, %d copied from its first child", req.request_id, have,
+                    keep + 1 - have)
+        return have
+
+    def waits_for_blocks(self, rid: str) -> bool:
+        """Whether a parent whose children have all ended waits a step
+        before its splice join: the blocks its merge needs are not free
+        while other requests run (they free blocks as they finish or are
+        preempted for one another). With nothing running it joins at once,
+        and re-prefills if the blocks are still not there (its children's
+        held blocks go back then): never a wait nothing can end."""
+        sched = self.sched
+        st = sched.fork_join.states.get(rid)
+        if not self.enabled or not sched.running or st is None or st.fork is None:
+            return False
+        tree = sched.fork_join.tree
+        tokens = st.fork.pos + 1 + self._suffix_tokens()
+        for cid in tree.get(rid).open_children:
+            node = tree.get(cid)
+            if cid not in self.held or node is None:
+                return False  # it re-prefills: nothing to wait for
+            tokens += len(node.start_tokens) + len(node.output_tokens or ())
+        size = sched.block_size
+        held = 0 if st.spilled_frontier is not None else -(-st.request.num_computed_tokens // size)
+        need = -(-tokens // size) - held
+        return need > sched.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def _suffix_tokens(self) -> int:
+        if self._suffix_len is None:
+            codec = self.sched.admission.text_codec()
+            self._suffix_len = len(codec.encode(self.sched.hooks.merge_suffix or ""))
+        return self._suffix_len
 
     def computed_after(self, rid: str) -> int | None:
         """How many of a just-spliced parent's tokens count as computed."""

@@ -44,6 +44,7 @@ from vllm_seqhooks.engine.vllm_private.runner import (
     v2_splice_problems,
 )
 from vllm_seqhooks.engine.vllm_private.scheduler import (
+    allocate_join_blocks,
     children_first_queue,
     salt_block_hashes,
     scheduler_problems,
@@ -52,7 +53,8 @@ from vllm_seqhooks.engine.vllm_private.scheduler import (
 )
 
 __all__ = [
-    "PINNED_VLLM_VERSION", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "check",
+    "PINNED_VLLM_VERSION", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "allocate_join_blocks",
+    "check",
     "children_first_queue", "copy_kv_slots", "cpu_seed_problems", "input_processor_problems",
     "install_cpu_seed_fix",
     "install_family_batch_order", "install_ray_on_cpu", "ray_on_cpu_problems",

@@ -26,9 +26,17 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("update_draft_token_ids", ("self", "draft_token_ids")),
 )
 
-#: The KV cache manager's answer a splice join reads (a request's blocks).
+#: What a splice join asks the KV cache manager: a request's blocks, and
+#: (for a parent whose KV was spilled) blocks for its context again.
 KV_CACHE_MANAGER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("get_block_ids", ("self", "request_id")),
+    ("get_computed_blocks", ("self", "request")),
+    ("truncate_computed_blocks", ("self", "blocks", "num_computed_tokens")),
+    ("allocate_slots", ("self", "request", "num_new_tokens", "num_new_computed_tokens",
+                        "new_computed_blocks", "num_lookahead_tokens",
+                        "num_external_computed_tokens", "delay_cache_blocks",
+                        "num_encoder_tokens", "full_sequence_must_fit", "reserved_blocks",
+                        "has_scheduled_reqs", "skip_zeroing_group_ids")),
 )
 
 #: Attributes set in Scheduler.__init__ that scheduler.py reads or writes.
@@ -197,6 +205,31 @@ def share_block_hashes(child, parent, hash_block_size: int) -> None:
             shared = 0
     child.block_hashes = parent.block_hashes[:shared]
     child.update_block_hashes()
+
+
+def allocate_join_blocks(kv_cache_manager, request, num_tokens: int,
+                         block_size: int) -> int | None:
+    """Make ``request`` hold KV blocks for its first ``num_tokens`` tokens
+    now (a splice join: what the parent keeps, the paths it copies and the
+    suffix), so that it never waits for blocks while its children's are
+    held. A request that holds none (its KV was spilled) first takes the
+    prefix cache's whole blocks of its tokens. Returns how many of its
+    first tokens already have their KV in these blocks (its computed
+    tokens, or the prefix cache's); the caller copies the others before
+    they are read. The new blocks enter the prefix cache when vLLM next
+    schedules the request, as any block it computes. None: not enough free
+    blocks (nothing was allocated)."""
+    have = request.num_computed_tokens
+    hit_blocks, hits = None, 0
+    if have == 0:
+        found, hits, _ = kv_cache_manager.get_computed_blocks(request)
+        hits = min(hits, num_tokens - 1) // block_size * block_size
+        if hits:
+            hit_blocks = kv_cache_manager.truncate_computed_blocks(found, hits)
+    new = kv_cache_manager.allocate_slots(
+        request, num_tokens - have - hits, num_new_computed_tokens=hits,
+        new_computed_blocks=hit_blocks, delay_cache_blocks=True)
+    return None if new is None else have + hits
 
 
 _SALT_MARK = "_seqhooks_salt"
