@@ -116,7 +116,8 @@ def test_a_parent_that_forks_again_after_a_splice_join(prefix_caching, tiny_mode
         assert several and all(f["recomputed"] for f in several)
 
 
-def test_splice_joins_after_spills_equal_the_oracle(tiny_model_dir):
+@pytest.mark.parametrize("mode", MODES[:2], ids=[m.id for m in MODES[:2]])
+def test_splice_joins_after_spills_equal_the_oracle(mode, tiny_model_dir):
     """A KV cache for 1,400 tokens (9 families of up to ~600 tokens each):
     parked parents are spilled. A spilled parent splices all the same: its
     context comes back from the prefix cache and (its last tokens) from its
@@ -126,7 +127,7 @@ def test_splice_joins_after_spills_equal_the_oracle(tiny_model_dir):
     from benchmarks.common import kv_bytes_per_token
     from pathlib import Path
 
-    run = _run(MODES[0], tiny_model_dir, seed=17,
+    run = _run(mode, tiny_model_dir, seed=17,
                kv_cache_memory_bytes=1400 * kv_bytes_per_token(Path(tiny_model_dir), "float32"))
     _assert_clean(run)
     stats = run["stats"]

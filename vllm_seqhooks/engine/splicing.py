@@ -24,14 +24,18 @@ children computed instead of prefilling their outputs again
   the join on, so its spliced blocks are never served from the prefix cache
   to a request whose attention differs (its own later children share them
   through ``share_block_hashes``).
-- A parent whose KV was spilled while it waited (KV pressure) takes blocks
-  for its context again at the join: the prefix cache's whole blocks, and
-  fresh ones into which the rest of its context is copied from its first
-  child (whose context it is), with the paths (``splice_context_copied``).
+- At the join the parent takes blocks for all its tokens after it at once;
+  while they are not free and other requests run, the join waits a step
+  (``waits_for_blocks``). A parent whose KV was spilled while it waited
+  (KV pressure) takes its context's whole blocks back from the prefix
+  cache, and fresh ones into which the rest of its context is copied from
+  its first child (whose context it is), with the paths
+  (``splice_context_copied``).
 - A join falls back to re-prefill (counted, and said in the trace) when a
-  path's KV is not all there: a child that failed or ran out of tokens, a
-  spilled parent for whose context no blocks are free, or a merge cut by
-  ``max_model_len``.
+  path's KV is not all there (a child that failed or ran out of tokens, or
+  gave its held blocks back because nothing ran and a waiting request
+  needed them), when its blocks are not free and nothing else runs, or
+  when the merge passes ``max_model_len``.
 """
 
 from __future__ import annotations
