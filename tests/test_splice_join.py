@@ -109,7 +109,10 @@ def test_a_parent_that_forks_again_after_a_splice_join(prefix_caching, tiny_mode
     checks = splice_families.oracle_check(tiny_model_dir, run, compare=16)
     exact = [c["got"] == c["splice"] for c in checks]
     if prefix_caching:
-        assert sum(1 for r in recomputed if not r) >= FAMILIES // 2
+        # A parent on its first child's adopted blocks takes their block
+        # hashes, so its later children find them (without that, 3 of 9
+        # families recomputed spliced tokens here).
+        assert sum(1 for r in recomputed if not r) >= FAMILIES - 1
         assert all(ok for ok, r in zip(exact, recomputed) if not r)
     else:
         several = [f for f in families if len(f["children"]) - f["second"] > 1]
@@ -133,7 +136,7 @@ def test_splice_joins_after_spills_equal_the_oracle(mode, tiny_model_dir):
     stats = run["stats"]
     assert stats["spills"] >= FAMILIES // 2
     families = run["families"]
-    after_spill = [f for f in families if f["modes"] == ["splice"] and f["context_copied"][0]]
+    after_spill = [f for f in families if f["modes"] == ["splice"] and f["after_spill"][0]]
     assert len(after_spill) == stats["splice_joins_after_spill"] >= 3
     checks = splice_families.oracle_check(tiny_model_dir, run)
     for family, check in zip(families, checks):

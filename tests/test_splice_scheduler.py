@@ -28,8 +28,13 @@ def splice_harness(async_sched: bool, **kwargs):
 
 
 @MODES
-def test_the_join_copies_the_paths_and_prefills_the_suffix(async_sched):
-    h, sent = splice_harness(async_sched)
+@pytest.mark.parametrize("prefix_caching", [True, False], ids=["adopts", "copies"])
+def test_the_join_copies_the_paths_and_prefills_the_suffix(async_sched, prefix_caching):
+    """With the prefix cache on, the parent adopts its first child's whole
+    blocks (its context and the first path's tokens in them) and copies the
+    rest; without it, it keeps its own blocks and copies its fork tag's KV
+    and every path."""
+    h, sent = splice_harness(async_sched, enable_prefix_caching=prefix_caching)
     h.scripts["r"] = enc(GOAL + "x</Conclusion>\n</Parallel> 42") + [EOS]
     # Child 0 ends at its end tag (the step after it computes the tag's KV;
     # what it samples there is dropped); child 1 at EOS.
@@ -45,7 +50,11 @@ def test_the_join_copies_the_paths_and_prefills_the_suffix(async_sched):
     steps = [(n, si) for n, si in sent if si is not None and si.copy_from]
     ((scheduled, splice),) = steps
     assert scheduled["r"] == len(enc(SUFFIX))  # the step that prefills the suffix
-    assert len(splice.copy_from) == len(splice.copy_to) == 1 + sum(paths)  # fork tag + paths
+    context = len(enc("Q:" + GOAL))
+    adopted = (context + paths[0]) // h.block_size * h.block_size if prefix_caching else 0
+    assert join.get("splice_adopted_tokens", 0) == max(0, adopted - context)
+    copied = 1 + sum(paths) - max(0, adopted - context + 1)  # fork tag + paths, less adopted
+    assert len(splice.copy_from) == len(splice.copy_to) == copied
     assert len(set(splice.copy_to)) == len(splice.copy_to)
     shift = max(paths) - sum(paths)
     assert splice.position_shift == {"r": ((0, shift),)}
@@ -55,6 +64,7 @@ def test_the_join_copies_the_paths_and_prefills_the_suffix(async_sched):
     stats = h.sched.hook_stats
     assert (stats["splice_joins"], stats["spliced_tokens"], stats["splice_fallbacks"]) == (
         1, 1 + sum(paths), 0)
+    assert stats["splice_adopted_tokens"] == max(0, adopted - context)
     assert_idle(h)
 
 
@@ -124,10 +134,10 @@ def test_splice_is_refused_with_speculative_decoding_and_mrope():
     assert "one KV cache group" in unsupported_splice(config(), groups)
 
 
-def _pressured(num_blocks: int):
+def _pressured(num_blocks: int, **kwargs):
     """Three long plain requests, then a splice family, on a small cache:
     the parent resumes last, so it is the one vLLM preempts."""
-    h, sent = splice_harness(False, num_blocks=num_blocks)
+    h, sent = splice_harness(False, num_blocks=num_blocks, **kwargs)
     h.sent = sent
     for i in range(3):
         h.scripts[f"p{i}"] = enc("z" * 200) + [EOS]
@@ -149,25 +159,31 @@ def test_a_spliced_parent_that_vllm_preempts_is_counted():
     assert (stats["splice_joins"], stats["splice_recomputes"], stats["splice_fallbacks"]) == (1, 1, 0)
 
 
-def test_a_parent_spilled_while_parked_still_splices():
+@pytest.mark.parametrize(("prefix_caching", "num_blocks"), [(True, 22), (False, 24), (False, 23)],
+                         ids=["adopts", "copies", "copies-tight"])
+def test_a_parent_spilled_while_parked_still_splices(prefix_caching, num_blocks):
     """Its KV went back to the pool while it waited: at the join it takes
-    the prefix cache's whole blocks of its context again, and fresh blocks
-    for the rest, into which its context's last tokens are copied from its
-    first child, whose context they are (with the paths, as always)."""
-    h = _pressured(22)
+    its first child's whole blocks (prefix cache on), or fresh blocks into
+    which its context is copied from that child, whose context it is (with
+    the paths, as always); only the suffix is computed."""
+    h = _pressured(num_blocks, enable_prefix_caching=prefix_caching)
     sent = h.sent
     (join,) = h.trace("r")["joins"]
     assert join["mode"] == "splice" and "fallback" not in join
     context = len(enc("Q:" + GOAL))
-    copied = join["splice_context_copied"]
-    assert copied == context - context // h.block_size * h.block_size  # its partial block
+    adopted, copied = join.get("splice_adopted_tokens", 0), join.get("splice_context_copied", 0)
+    assert join["splice_after_spill"]
+    if prefix_caching:
+        assert adopted and not copied
+    else:
+        assert copied == context and not adopted
     stats = h.sched.hook_stats
     assert stats["spills"] >= 1
     assert (stats["splice_joins"], stats["splice_joins_after_spill"], stats["splice_fallbacks"]) == (
         1, 1, 0)
     ((scheduled, splice),) = [(n, si) for n, si in sent if si is not None and si.copy_from]
     paths = len(enc(PATH_1)) + len(enc(PATH_2))
-    assert len(splice.copy_from) == copied + paths
+    assert len(splice.copy_from) == copied + paths - adopted
     assert scheduled["r"] == len(enc(SUFFIX))  # still only the suffix is computed
 
 

@@ -54,10 +54,14 @@ class JoinRecord:
     at: int | None = None
     pieces: list[list] | None = None
     #: A splice join: each path's tokens (its child's start and output);
-    #: after a spill, the parent's own tokens copied from its first child
-    #: (those the prefix cache no longer held).
+    #: whether the parent's KV had been spilled, and its own tokens it then
+    #: copied from its first child (those no block it took back held);
+    #: tokens of the first path whose KV blocks the parent adopted from its
+    #: child (not copied).
     splice_paths: list[int] | None = None
+    splice_after_spill: bool = False
     splice_context_copied: int | None = None
+    splice_adopted_tokens: int | None = None
 
 
 @dataclass

@@ -110,8 +110,11 @@ def build_trace(
                 "at": j.at,
                 "pieces": j.pieces,
                 **({"splice_paths": j.splice_paths} if j.splice_paths else {}),
+                **({"splice_after_spill": True} if j.splice_after_spill else {}),
                 **({"splice_context_copied": j.splice_context_copied}
                    if j.splice_context_copied else {}),
+                **({"splice_adopted_tokens": j.splice_adopted_tokens}
+                   if j.splice_adopted_tokens else {}),
                 **({"fallback": j.fallback} if j.fallback else {}),
             }
             for j in node.joins

@@ -361,6 +361,7 @@ class Joins:
         sched._update_request_as_session(req, update)  # (a new segment)
         if spliced is not None:  # the fork tag and the paths: copied KV
             req.num_computed_tokens = spliced
+            sched.splicing.resumed(req)
         st.sampled_before = sampled
         if st.spilled_frontier is not None:
             # Re-admit through the prefix cache: recompute what was evicted.

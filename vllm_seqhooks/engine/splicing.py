@@ -9,11 +9,13 @@ children computed instead of prefilling their outputs again
   dropped (``drain``).
 - At the join the parent's new tokens are the fork tag's last token, each
   path (the child's tokens after the shared context, as far as it computed
-  them) and the format's suffix; all but the suffix count as computed, and
-  their KV is copied slot by slot from the children's blocks into the
-  blocks vLLM allocates the parent in its next step
+  them) and the format's suffix; all but the suffix count as computed.
+  With the prefix cache on, the parent adopts its first child's whole
+  blocks of its context and first path (and their block hashes); the rest
+  is copied slot by slot from the children's blocks into the parent's
+  fresh blocks
   (:class:`~vllm_seqhooks.core.splice_inputs.SpliceInputs`, carried out by
-  the workers before that step's forward pass).
+  the workers before its next step's forward pass).
 - The parent then holds more tokens than positions: its positions run
   behind its indices as ``maps[rid]`` says (:class:`SpliceMap`), whose
   shifts for the tokens it computes go with every step it is scheduled in,
@@ -61,6 +63,8 @@ class _Copies:
     indices: list[int]
     sources: list[tuple[str, int]]
     children: list[str]
+    #: Its tokens with KV after the copies (the fork tag and the paths).
+    computed: int
 
 
 class Splicing:
@@ -78,6 +82,8 @@ class Splicing:
         #: indices (after a splice join, and its descendants).
         self.maps: dict[str, SpliceMap] = {}
         self._suffix_len: int | None = None
+        #: Parents on their first child's blocks: (that child, tokens).
+        self.adopted: dict[str, tuple[str, int]] = {}
 
     # ---------------------------------------------------------- children
     def drains(self, child_id: str) -> bool:
@@ -107,6 +113,7 @@ class Splicing:
         """A request is freed: its shift goes, and the blocks held for it
         (a parent that ended before its join step)."""
         self.maps.pop(request_id, None)
+        self.adopted.pop(request_id, None)
         copies = self.pending.pop(request_id, None)
         if copies is not None:
             self._release(copies.children)
@@ -124,8 +131,10 @@ class Splicing:
     def release_held_for(self, needs_blocks) -> None:
         """KV pressure with nothing running: finished children give their
         held blocks back, oldest first, while ``needs_blocks()`` (the next
-        waiting request cannot start). Their parents' joins re-prefill."""
-        for cid in list(self.held):
+        waiting request cannot start); not those a join already planned its
+        copies from. Their parents' joins re-prefill."""
+        merging = {cid for copies in self.pending.values() for cid in copies.children}
+        for cid in [c for c in self.held if c not in merging]:
             if not needs_blocks():
                 return
             self._release([cid])
@@ -159,8 +168,10 @@ class Splicing:
         merged = [req.all_token_ids[keep]] + [t for _, p in paths for t in p] + list(suffix)
         if reason is None and keep + len(merged) > sched.max_model_len:
             reason = "the merge passes max_model_len"
-        start = None if reason is not None else self._allocate(st, keep, keep + len(merged))
-        if reason is None and start is None:
+        first, first_end = (paths[0][0], context + len(paths[0][1])) if paths else (None, 0)
+        have = None if reason is not None else self._allocate(
+            st, keep, keep + len(merged), first, first_end)
+        if reason is None and have is None:
             reason = (f"no free KV blocks for its merge"
                       f"{' and its context (its KV was spilled)' if spilled else ''}")
         if reason is not None:
@@ -168,19 +179,25 @@ class Splicing:
             logger.debug("%s joins by re-prefill: %s", rid, reason)
             return None, reason
         if spilled:
-            record.splice_context_copied = context - start
+            record.splice_after_spill = True
+            record.splice_context_copied = max(0, context - have)
             sched.metrics.inc("splice_joins_after_spill", 1)
-        # Its own tokens it has no KV for (the fork tag's last, and after a
-        # spill what the prefix cache did not keep) come from the first
-        # child, whose context they are.
-        indices = list(range(start, context))
-        sources = [(paths[0][0], i) for i in indices]
+        if have > context:
+            record.splice_adopted_tokens = have - context
+            sched.metrics.inc("splice_adopted_tokens", have - context)
+        # Its tokens with no KV yet come from the children: its own (the
+        # fork tag's last, and after a spill what the prefix cache did not
+        # keep) from the first child, whose context they are; each path
+        # from its child, past what the first child's adopted blocks hold.
+        indices = list(range(have, context))
+        sources = [(first, i) for i in indices]
         at = context
         for cid, path in paths:
-            indices += range(at, at + len(path))
-            sources += [(cid, context + j) for j in range(len(path))]
+            skip = max(0, have - at)
+            indices += range(at + skip, at + len(path))
+            sources += [(cid, context + j) for j in range(skip, len(path))]
             at += len(path)
-        self.pending[rid] = _Copies(indices, sources, list(children))
+        self.pending[rid] = _Copies(indices, sources, list(children), at)
         laid, at = [], context
         for cid, path in paths:
             laid.append(SplicePath(at, len(path), self.held_maps.get(cid, SpliceMap())))
@@ -190,7 +207,7 @@ class Splicing:
             self.maps[rid] = joined
         vllm_private.salt_block_hashes(req, _salt(rid))
         sched.metrics.inc("splice_joins", 1)
-        sched.metrics.inc("spliced_tokens", len(indices))
+        sched.metrics.inc("spliced_tokens", at - context + 1)
         return merged, None
 
     def _paths(self, st, keep: int,
@@ -223,26 +240,49 @@ class Splicing:
             paths.append((cid, child.all_token_ids[context:end]))
         return paths, reason
 
-    def _allocate(self, st, keep: int, num_tokens: int) -> int | None:
+    def _allocate(self, st, keep: int, num_tokens: int, first: str,
+                  first_end: int) -> int | None:
         """The parent takes KV blocks for its tokens after the join now
-        (:func:`~vllm_seqhooks.engine.vllm_private.allocate_join_blocks`);
-        a parent whose KV was spilled takes its context's blocks again and
-        waits again as one holding KV. Returns how many of its tokens have
-        their KV already; None when the blocks are not free."""
+        (:func:`~vllm_seqhooks.engine.vllm_private.allocate_join_blocks`).
+        With the prefix cache on, it adopts its first child's whole blocks
+        of the context and first path (``first_end`` tokens: the same tokens
+        as its own there) when they go past its own whole blocks, giving
+        back its own first; a parent whose KV was spilled takes blocks back
+        and waits again as one holding KV. Returns how many of its tokens
+        have their KV already; None when the blocks are not free."""
         sched = self.sched
         req = st.request
-        have = vllm_private.allocate_join_blocks(
-            sched.kv_cache_manager, req, num_tokens, sched.block_size)
+        kv = sched.kv_cache_manager
+        size = sched.block_size
+        spilled = st.spilled_frontier is not None
+        adopt = first_end // size * size if kv.enable_caching and first else 0
+        if adopt <= keep // size * size or (-(-num_tokens // size) - adopt // size
+                                           > kv.block_pool.get_num_free_blocks()):
+            adopt = 0
+        elif not spilled:
+            sched.kv_pressure.release_blocks(st)  # its own blocks go: it takes the child's
+        have = vllm_private.allocate_join_blocks(kv, req, num_tokens, size, first, adopt)
         if have is None or st.spilled_frontier is None:
             return have
         sched.waiting.remove_request(req)
         sched.kv_holding_waiting.add_request(req)
         req.num_computed_tokens = keep
         st.spilled_frontier = None
-        logger.info("%s joins by splice after its KV was spilled: %d tokens back from the "
-                    "prefix cache, %d copied from its first child", req.request_id, have,
-                    keep + 1 - have)
+        if adopt:
+            self.adopted[req.request_id] = (first, adopt)
+        if spilled:
+            logger.info("%s joins by splice after its KV was spilled: %d tokens' KV back, "
+                        "%d copied from its first child", req.request_id, min(have, keep + 1),
+                        max(0, keep + 1 - have))
         return have
+
+    def resumed(self, request) -> None:
+        """A parent resumed on adopted blocks takes their block hashes."""
+        adopted = self.adopted.pop(request.request_id, None)
+        if adopted is not None:
+            donor, tokens = adopted
+            vllm_private.adopt_block_hashes(request, self.held[donor], tokens,
+                                            self.sched.hash_block_size)
 
     def waits_for_blocks(self, rid: str) -> bool:
         """Whether a parent whose children have all ended waits a step
@@ -276,7 +316,7 @@ class Splicing:
     def computed_after(self, rid: str) -> int | None:
         """How many of a just-spliced parent's tokens count as computed."""
         copies = self.pending.get(rid)
-        return copies.indices[-1] + 1 if copies is not None else None
+        return copies.computed if copies is not None else None
 
     # -------------------------------------------------------------- steps
     def attach(self, out) -> None:
@@ -331,7 +371,7 @@ class Splicing:
 
     def sizes(self) -> dict[str, int]:
         return {"splice_held": len(self.held) + len(self.held_maps),
-                "splice_pending": len(self.pending),
+                "splice_pending": len(self.pending) + len(self.adopted),
                 "splice_maps": len(self.maps)}
 
 

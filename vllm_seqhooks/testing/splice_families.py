@@ -91,7 +91,7 @@ def run_families(model: str, seed: int, families: int, block_size: int = 32,
             "second": s["second"], "first": S(s["first"]),
             "recomputed": sum(c.get("splice_recomputed_tokens", 0) for c in trace["children"]),
             "prefilled": [j["prefilled_tokens"] for j in trace["joins"]],
-            "context_copied": [j.get("splice_context_copied", 0) for j in trace["joins"]],
+            "after_spill": [j.get("splice_after_spill", False) for j in trace["joins"]],
             "parent_recomputed": trace.get("splice_recomputed_tokens", 0),
         })
     sched = scheduler_of(llm)

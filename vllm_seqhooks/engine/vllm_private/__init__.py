@@ -44,6 +44,7 @@ from vllm_seqhooks.engine.vllm_private.runner import (
     v2_splice_problems,
 )
 from vllm_seqhooks.engine.vllm_private.scheduler import (
+    adopt_block_hashes,
     allocate_join_blocks,
     children_first_queue,
     salt_block_hashes,
@@ -53,7 +54,8 @@ from vllm_seqhooks.engine.vllm_private.scheduler import (
 )
 
 __all__ = [
-    "PINNED_VLLM_VERSION", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "allocate_join_blocks",
+    "PINNED_VLLM_VERSION", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "adopt_block_hashes",
+    "allocate_join_blocks",
     "check",
     "children_first_queue", "copy_kv_slots", "cpu_seed_problems", "input_processor_problems",
     "install_cpu_seed_fix",

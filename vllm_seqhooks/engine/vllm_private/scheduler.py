@@ -30,6 +30,7 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: (for a parent whose KV was spilled) blocks for its context again.
 KV_CACHE_MANAGER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("get_block_ids", ("self", "request_id")),
+    ("get_blocks", ("self", "request_id")),
     ("get_computed_blocks", ("self", "request")),
     ("truncate_computed_blocks", ("self", "blocks", "num_computed_tokens")),
     ("allocate_slots", ("self", "request", "num_new_tokens", "num_new_computed_tokens",
@@ -38,6 +39,9 @@ KV_CACHE_MANAGER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
                         "num_encoder_tokens", "full_sequence_must_fit", "reserved_blocks",
                         "has_scheduled_reqs", "skip_zeroing_group_ids")),
 )
+
+#: Attributes set in KVCacheManager.__init__ that a splice join reads.
+KV_CACHE_MANAGER_ATTRIBUTES = ("enable_caching",)
 
 #: Attributes set in Scheduler.__init__ that scheduler.py reads or writes.
 SCHEDULER_ATTRIBUTES = (
@@ -119,6 +123,10 @@ def scheduler_problems() -> list[str]:
 
     found = method_problems(Scheduler, SCHEDULER_METHODS)
     found += method_problems(KVCacheManager, KV_CACHE_MANAGER_METHODS)
+    kv_init_src = inspect.getsource(KVCacheManager.__init__)
+    for attr in KV_CACHE_MANAGER_ATTRIBUTES:
+        if f"self.{attr}" not in kv_init_src:
+            found.append(f"KVCacheManager.{attr} is no longer set in __init__")
     if not issubclass(AsyncScheduler, Scheduler):
         found.append("AsyncScheduler is no longer a Scheduler subclass")
     init_src = inspect.getsource(Scheduler.__init__)
@@ -207,29 +215,45 @@ def share_block_hashes(child, parent, hash_block_size: int) -> None:
     child.update_block_hashes()
 
 
-def allocate_join_blocks(kv_cache_manager, request, num_tokens: int,
-                         block_size: int) -> int | None:
+def allocate_join_blocks(kv_cache_manager, request, num_tokens: int, block_size: int,
+                         donor_id: str | None = None, donor_tokens: int = 0) -> int | None:
     """Make ``request`` hold KV blocks for its first ``num_tokens`` tokens
     now (a splice join: what the parent keeps, the paths it copies and the
     suffix), so that it never waits for blocks while its children's are
-    held. A request that holds none (its KV was spilled) first takes the
-    prefix cache's whole blocks of its tokens. Returns how many of its
-    first tokens already have their KV in these blocks (its computed
-    tokens, or the prefix cache's); the caller copies the others before
-    they are read. The new blocks enter the prefix cache when vLLM next
-    schedules the request, as any block it computes. None: not enough free
-    blocks (nothing was allocated)."""
+    held. A request that holds none (its KV was spilled, or it gave its
+    blocks back to adopt its first child's) first takes ``donor_id``'s
+    whole blocks of its first ``donor_tokens`` tokens (the same tokens as
+    its own there), or else the prefix cache's whole blocks of its tokens.
+    Returns how many of its first tokens already have their KV in these
+    blocks; the caller copies the others before they are read. The new
+    blocks enter the prefix cache when vLLM next schedules the request, as
+    any block it computes. None: not enough free blocks (nothing was
+    allocated)."""
     have = request.num_computed_tokens
-    hit_blocks, hits = None, 0
-    if have == 0:
+    given, count = None, 0
+    if have == 0 and donor_id is not None and donor_tokens:
+        count = donor_tokens
+        given = kv_cache_manager.truncate_computed_blocks(
+            kv_cache_manager.get_blocks(donor_id), count)
+    elif have == 0:
         found, hits, _ = kv_cache_manager.get_computed_blocks(request)
-        hits = min(hits, num_tokens - 1) // block_size * block_size
-        if hits:
-            hit_blocks = kv_cache_manager.truncate_computed_blocks(found, hits)
+        count = min(hits, num_tokens - 1) // block_size * block_size
+        if count:
+            given = kv_cache_manager.truncate_computed_blocks(found, count)
     new = kv_cache_manager.allocate_slots(
-        request, num_tokens - have - hits, num_new_computed_tokens=hits,
-        new_computed_blocks=hit_blocks, delay_cache_blocks=True)
-    return None if new is None else have + hits
+        request, num_tokens - have - count, num_new_computed_tokens=count,
+        new_computed_blocks=given, delay_cache_blocks=True)
+    return None if new is None else have + count
+
+
+def adopt_block_hashes(request, donor, num_tokens: int, hash_block_size: int) -> None:
+    """``request`` holds ``donor``'s blocks of its first ``num_tokens``
+    tokens: its block hashes there become the donor's (under which the
+    prefix cache knows those blocks), and its later ones are hashed again,
+    chained on them."""
+    del request.block_hashes[:]
+    request.block_hashes.extend(donor.block_hashes[: num_tokens // hash_block_size])
+    request.update_block_hashes()
 
 
 _SALT_MARK = "_seqhooks_salt"
