@@ -134,10 +134,10 @@ def test_splice_is_refused_with_speculative_decoding_and_mrope():
     assert "one KV cache group" in unsupported_splice(config(), groups)
 
 
-def _pressured(num_blocks: int, **kwargs):
+def _pressured(num_blocks: int, async_sched: bool = False, **kwargs):
     """Three long plain requests, then a splice family, on a small cache:
     the parent resumes last, so it is the one vLLM preempts."""
-    h, sent = splice_harness(False, num_blocks=num_blocks, **kwargs)
+    h, sent = splice_harness(async_sched, num_blocks=num_blocks, **kwargs)
     h.sent = sent
     for i in range(3):
         h.scripts[f"p{i}"] = enc("z" * 200) + [EOS]
@@ -161,12 +161,13 @@ def test_a_spliced_parent_that_vllm_preempts_is_counted():
 
 @pytest.mark.parametrize(("prefix_caching", "num_blocks"), [(True, 22), (False, 24), (False, 23)],
                          ids=["adopts", "copies", "copies-tight"])
-def test_a_parent_spilled_while_parked_still_splices(prefix_caching, num_blocks):
+@MODES
+def test_a_parent_spilled_while_parked_still_splices(prefix_caching, num_blocks, async_sched):
     """Its KV went back to the pool while it waited: at the join it takes
     its first child's whole blocks (prefix cache on), or fresh blocks into
     which its context is copied from that child, whose context it is (with
     the paths, as always); only the suffix is computed."""
-    h = _pressured(num_blocks, enable_prefix_caching=prefix_caching)
+    h = _pressured(num_blocks, async_sched, enable_prefix_caching=prefix_caching)
     sent = h.sent
     (join,) = h.trace("r")["joins"]
     assert join["mode"] == "splice" and "fallback" not in join
