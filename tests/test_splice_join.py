@@ -48,6 +48,9 @@ def test_splice_join_equals_the_oracle(mode, block_size, tiny_model_dir):
     suffix = len(run["suffix"])
     assert run["stats"]["splice_joins"] == FAMILIES
     assert run["stats"]["splice_fallbacks"] == 0
+    # Children copy their parent's partial context block instead of
+    # computing it (a wrong block there changes the parents' tokens).
+    assert run["stats"]["splice_child_context_copied_tokens"] > 0
     checks = splice_families.oracle_check(tiny_model_dir, run)
     for family, check in zip(run["families"], checks):
         assert family["modes"] == ["splice"]

@@ -65,6 +65,11 @@ def test_the_join_copies_the_paths_and_prefills_the_suffix(async_sched, prefix_c
     assert (stats["splice_joins"], stats["spliced_tokens"], stats["splice_fallbacks"]) == (
         1, 1 + sum(paths), 0)
     assert stats["splice_adopted_tokens"] == max(0, adopted - context)
+    # The first child took its parent's partial block of the context
+    # (vLLM's copy-on-write of a partial prefix hit) instead of computing
+    # it; the second found the first's copy, filled, in the prefix cache.
+    partial = (context - 1) % h.block_size if prefix_caching else 0
+    assert stats["splice_child_context_copied_tokens"] == partial
     assert_idle(h)
 
 

@@ -186,6 +186,13 @@ class SeqHooksMixin:
         """vLLM's own ``finish_requests`` (no subtree, no hook bookkeeping)."""
         return super().finish_requests(request_ids, status)
 
+    def _get_local_prefix_cache_hit(self, request: Request):
+        found = super()._get_local_prefix_cache_hit(request)
+        if (self.splicing.enabled and request.request_id in self.fork_join.children
+                and self.kv_cache_manager.enable_caching):
+            return self.splicing.child_context_hit(request, found)
+        return found
+
     def _free_request(self, request: Request, *args: Any, **kwargs: Any):
         # A child's state lives until its parent has taken its output
         # (joins.child_ended); any other request's goes with the request

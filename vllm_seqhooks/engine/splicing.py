@@ -313,6 +313,30 @@ class Splicing:
             self._suffix_len = len(codec.encode(self.sched.hooks.merge_suffix or ""))
         return self._suffix_len
 
+    def child_context_hit(self, request, found):
+        """A child's prefix-cache hit (``_get_local_prefix_cache_hit``'s
+        answer), extended by its parked parent's partial last block when the
+        hit reaches it: vLLM copies that block for the child, so the child
+        computes only its own tokens (the fork tag's last and its header)
+        and its context is exactly the parent's, spliced paths included."""
+        sched = self.sched
+        blocks, hits, boundary, diverged = found
+        node = sched.fork_join.tree.get(request.request_id)
+        parent_id = node.parent_id if node is not None else None
+        st = sched.fork_join.states.get(parent_id)
+        if st is None or not st.parked or st.spilled_frontier is not None:
+            return found
+        parent = st.request
+        have = parent.num_computed_tokens
+        size = sched.block_size
+        if (have % size == 0 or hits != have - have % size or request.num_tokens <= have
+                or request.all_token_ids[hits:have] != parent.all_token_ids[hits:have]):
+            return found
+        blocks = vllm_private.hit_with_partial_block(
+            sched.kv_cache_manager, blocks, parent_id, have // size)
+        sched.metrics.inc("splice_child_context_copied_tokens", have - hits)
+        return blocks, have, boundary, diverged
+
     def computed_after(self, rid: str) -> int | None:
         """How many of a just-spliced parent's tokens count as computed."""
         copies = self.pending.get(rid)

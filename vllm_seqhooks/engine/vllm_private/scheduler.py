@@ -19,6 +19,7 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_free_blocks", ("self", "request")),
     ("_preempt_request", ("self", "request", "timestamp", "drop_stale_output")),
     ("_handle_blocked_waiting_request", ("self", "request")),
+    ("_get_local_prefix_cache_hit", ("self", "request")),
     ("finish_requests", ("self", "request_ids", "finished_status")),
     ("add_request", ("self", "request")),
     ("update_from_output", ("self", "scheduler_output", "model_runner_output")),
@@ -31,6 +32,7 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
 KV_CACHE_MANAGER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("get_block_ids", ("self", "request_id")),
     ("get_blocks", ("self", "request_id")),
+    ("create_kv_cache_blocks", ("self", "blocks")),
     ("get_computed_blocks", ("self", "request")),
     ("truncate_computed_blocks", ("self", "blocks", "num_computed_tokens")),
     ("allocate_slots", ("self", "request", "num_new_tokens", "num_new_computed_tokens",
@@ -151,6 +153,7 @@ def scheduler_problems() -> list[str]:
     if not hasattr(RequestStatus, "WAITING_FOR_STREAMING_REQ"):
         found.append("RequestStatus.WAITING_FOR_STREAMING_REQ is missing")
     found += _block_hasher_problems()
+    found += _partial_hit_problems()
     found += _waiting_queue_problems()
     found += _world_group_problems()
     return found
@@ -174,6 +177,22 @@ def _world_group_problems() -> list[str]:
     if "self.cpu_group" not in init_src:
         return ["GroupCoordinator.cpu_group is no longer set in __init__"]
     return []
+
+
+def _partial_hit_problems() -> list[str]:
+    """What :func:`hit_with_partial_block` relies on: a local hit that ends
+    inside its last block is copied on write into a block of the request's
+    own, and the copies reach the workers in the scheduler output."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+
+    found = []
+    src = inspect.getsource(SingleTypeKVCacheManager.add_local_computed_blocks)
+    if "_partial_hit_reqs" not in src or not hasattr(SingleTypeKVCacheManager, "_apply_cow"):
+        found.append("SingleTypeKVCacheManager no longer copies a partial local hit on write")
+    if "kv_cache_block_copies" not in {f.name for f in dataclasses.fields(SchedulerOutput)}:
+        found.append("SchedulerOutput.kv_cache_block_copies is gone")
+    return found
 
 
 def _block_hasher_problems() -> list[str]:
@@ -244,6 +263,17 @@ def allocate_join_blocks(kv_cache_manager, request, num_tokens: int, block_size:
         request, num_tokens - have - count, num_new_computed_tokens=count,
         new_computed_blocks=given, delay_cache_blocks=True)
     return None if new is None else have + count
+
+
+def hit_with_partial_block(kv_cache_manager, hit_blocks, owner_id: str, index: int):
+    """A prefix-cache hit's blocks (``KVCacheBlocks``) and, after them,
+    block ``index`` of request ``owner_id``, which its tokens fill only in
+    part: handed to vLLM as a hit ending inside that block, vLLM copies it
+    into a block of the request's own before its first step (its
+    copy-on-write of a partial hit) and computes from there."""
+    (found,) = hit_blocks.blocks
+    (owned,) = kv_cache_manager.get_blocks(owner_id).blocks
+    return kv_cache_manager.create_kv_cache_blocks(([*found, owned[index]],))
 
 
 def adopt_block_hashes(request, donor, num_tokens: int, hash_block_size: int) -> None:
