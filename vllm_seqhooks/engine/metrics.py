@@ -54,7 +54,7 @@ COUNTERS = {
     "spliced_tokens": "Tokens whose KV parents took from their children at splice joins.",
     "splice_joins_after_spill": "Splice joins of parents whose KV was spilled while they waited (their context's KV taken back from the prefix cache and their first child).",
     "splice_adopted_tokens": "Tokens of first paths whose KV blocks parents adopted from their first child at splice joins (not copied).",
-    "splice_child_context_copied_tokens": "Tokens of children's last partial context block that vLLM copied from their parked parent's block instead of computing them (join='splice').",
+    "splice_child_context_copied_tokens": "Tokens of children's context taken from their parked parent's KV instead of computed (join='splice': its partly filled last block, or without the prefix cache the whole context).",
     "splice_holds_released": "Finished children that gave back the KV blocks held for their parent's splice join (nothing ran and a waiting request needed them): that join re-prefills.",
     "splice_fallbacks": "Splice joins done by re-prefill because a path's KV was not all there.",
     "splice_recomputes": "Requests holding spliced KV that vLLM preempted (recomputed at their positions; see splice_recomputed_tokens).",

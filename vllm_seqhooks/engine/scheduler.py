@@ -188,8 +188,7 @@ class SeqHooksMixin:
 
     def _get_local_prefix_cache_hit(self, request: Request):
         found = super()._get_local_prefix_cache_hit(request)
-        if (self.splicing.enabled and request.request_id in self.fork_join.children
-                and self.kv_cache_manager.enable_caching):
+        if self.splicing.enabled and request.request_id in self.fork_join.children:
             return self.splicing.child_context_hit(request, found)
         return found
 

@@ -57,8 +57,10 @@ logger = logging.getLogger("vllm.seqhooks.scheduler")
 
 @dataclass
 class _Copies:
-    """A parent's KV copies, made when it is next scheduled: its token
-    ``indices[i]`` takes child ``sources[i][0]``'s token ``sources[i][1]``."""
+    """A request's KV copies, made when it is next scheduled: its token
+    ``indices[i]`` takes request ``sources[i][0]``'s token ``sources[i][1]``
+    (a parent's paths from its children at a join, or a child's context
+    from its parent); ``children``: held children whose blocks then go."""
 
     indices: list[int]
     sources: list[tuple[str, int]]
@@ -315,12 +317,17 @@ class Splicing:
 
     def child_context_hit(self, request, found):
         """A child's prefix-cache hit (``_get_local_prefix_cache_hit``'s
-        answer), extended by its parked parent's partial last block when the
-        hit reaches it: vLLM copies that block for the child, so the child
-        computes only its own tokens (the fork tag's last and its header)
-        and its context is exactly the parent's, spliced paths included."""
+        answer), extended to its parked parent's computed tokens, so that
+        the child computes only its own (the fork tag's last and its
+        header) and its context's KV is exactly its parent's, spliced paths
+        included. With the prefix cache on, when the hit reaches the
+        parent's last, partly filled block, that block ends the hit (vLLM
+        copies it on write for the child); with it off, the whole context
+        is copied slot by slot from the parent's blocks into the child's
+        before its first step."""
         sched = self.sched
         blocks, hits, boundary, diverged = found
+        self.pending.pop(request.request_id, None)  # from an admission that failed
         node = sched.fork_join.tree.get(request.request_id)
         parent_id = node.parent_id if node is not None else None
         st = sched.fork_join.states.get(parent_id)
@@ -329,12 +336,22 @@ class Splicing:
         parent = st.request
         have = parent.num_computed_tokens
         size = sched.block_size
-        if (have % size == 0 or hits != have - have % size or request.num_tokens <= have
+        if sched.kv_cache_manager.enable_caching:
+            if have % size == 0 or hits != have - have % size:
+                return found
+        elif not have:
+            return found
+        if (request.num_tokens <= have
                 or request.all_token_ids[hits:have] != parent.all_token_ids[hits:have]):
             return found
-        blocks = vllm_private.hit_with_partial_block(
-            sched.kv_cache_manager, blocks, parent_id, have // size)
         sched.metrics.inc("splice_child_context_copied_tokens", have - hits)
+        if sched.kv_cache_manager.enable_caching:
+            blocks = vllm_private.hit_with_partial_block(
+                sched.kv_cache_manager, blocks, parent_id, have // size)
+        else:
+            indices = list(range(have))
+            self.pending[request.request_id] = _Copies(
+                indices, [(parent_id, i) for i in indices], [], have)
         return blocks, have, boundary, diverged
 
     def computed_after(self, rid: str) -> int | None:
@@ -353,9 +370,9 @@ class Splicing:
         for rid in done:
             copies = self.pending.pop(rid)
             slots = self._slots(rid)
-            child_slots = {cid: self._slots(cid) for cid in copies.children if cid in self.held}
+            source_slots = {sid: self._slots(sid) for sid in {sid for sid, _ in copies.sources}}
             copy_to += [slots(i) for i in copies.indices]
-            copy_from += [child_slots[cid](i) for cid, i in copies.sources]
+            copy_from += [source_slots[sid](i) for sid, i in copies.sources]
             self._release(copies.children)
         if shifts or copy_from:
             setattr(out, vllm_private.SPLICE_INPUTS_ATTR,
