@@ -26,8 +26,10 @@ the same way (:class:`benchmarks.common.EngineProbe`): tokens computed (the
 step's scheduled tokens, summed), of them prefill (everything but each
 generating request's newest token), largest number of KV blocks held,
 preemptions. Per family the minimum is its prompt plus its output (each
-token's KV computed once: what a splice join can reach when the children
-find their context in the prefix cache). Join prefill: the native traces'
+token's KV computed once). Paths share positions, so every path's start
+(the fork tag's last token and the lead before its header) has the same
+KV: a splice engine whose later children find the first one's start in
+the prefix cache computes a little below this minimum. Join prefill: the native traces'
 ``prefilled_tokens`` of each join; for the loop, the parent's prompt tokens
 not served by the prefix cache in its second round (its first round's
 prompt is fresh, so all of it is counted as computed).
