@@ -245,3 +245,57 @@ def test_held_blocks_given_back_make_the_join_reprefill():
     assert h.sched.hook_stats["splice_holds_released"] == 1
     assert dec(h.tokens["r"]).startswith(GOAL + "\n<Path>\n1: a</Path>\n<Path>\n2:" + " b" * 30)
     assert_idle(h)
+
+
+def test_a_child_of_a_spliced_parent_that_vllm_preempts_keeps_its_positions():
+    """After its splice join the parent forks again: its new children
+    inherit its positions (the second path back at the fork point, what
+    follows behind by the shorter path). vLLM preempts them under KV
+    pressure and they compute their context again: every token they
+    compute, before and after, is sent with the position the join's layout
+    gives it."""
+    mid = "x</Conclusion>\n</Parallel>\n"
+    h, sent = splice_harness(False, num_blocks=31)
+    steps = []  # (request, first token computed in the step, count, shift runs)
+
+    def record(h, out):
+        si = getattr(out, SPLICE_INPUTS_ATTR, None)
+        for rid, count in out.num_scheduled_tokens.items():
+            if rid.startswith(child_id("r", 2)):
+                first = h.sched.requests[rid].num_computed_tokens - count
+                steps.append((first, count, (si.position_shift if si else {}).get(rid, ())))
+
+    h.after_schedule.append(record)
+    for i in range(3):
+        h.scripts[f"p{i}"] = enc("z" * 200) + [EOS]
+        h.add(f"p{i}", enc("P" * 40), max_tokens=400)
+    h.scripts["r"] = enc(GOAL + mid + GOAL + "y") + [EOS]
+    h.scripts[child_id("r", 0)] = enc(" alpha</Path>")
+    h.scripts[child_id("r", 1)] = enc(" beta!") + [EOS]
+    h.scripts[child_id("r", 2)] = enc(" " + "c" * 60 + "</Path>")
+    h.scripts[child_id("r", 3)] = enc(" " + "d" * 60 + "</Path>")
+    h.add("r", enc("Q:"), max_tokens=600)
+    h.run(4000)
+    assert_idle(h)
+    assert child_id("r", 2) in h.preempted
+    context, one, two = len(enc("Q:" + GOAL)), len(enc(PATH_1)), len(enc(PATH_2))
+
+    def expected(i):  # the first join's layout
+        if i < context + one:
+            return i
+        if i < context + one + two:
+            return i - one
+        return i - min(one, two)
+
+    def sent_position(first, runs, i):
+        shift = 0
+        for offset, s in runs:
+            if first + offset <= i:
+                shift = s
+        return i + shift
+
+    starts = [first for first, _, _ in steps]
+    assert any(b < a for a, b in zip(starts, starts[1:]))  # computed again after preemption
+    for first, count, runs in steps:
+        for i in range(first, first + count):
+            assert sent_position(first, runs, i) == expected(i), (first, i, runs)
