@@ -1,5 +1,5 @@
 """The declared semantics of a KV-splice join (core/splice_layout.py)
-against what Multiverse's and NPR's trainers compute for the same merged
+against what Multiverse's, NPR's and Parallel-R1's trainers compute for the same merged
 sequence (testing/training_masks.py, re-implemented from their code).
 
 Found by these tests: with the presets' texts (a ``\\n`` lead before each
@@ -22,7 +22,11 @@ from vllm_seqhooks.core.splice_layout import (
     positions,
     token_count,
 )
-from vllm_seqhooks.testing.training_masks import multiverse_training_layout, npr_training_layout
+from vllm_seqhooks.testing.training_masks import (
+    multiverse_training_layout,
+    npr_training_layout,
+    parallel_r1_training_layout,
+)
 
 NL, COLON, IM_END = 1, 2, 3
 MV = {name: 10 + k for k, name in enumerate(
@@ -158,3 +162,46 @@ def test_npr_trainer_rejects_nested_steps():
            NPR["/step"], NPR["/step"], NPR["takeaway"]]
     with pytest.raises(ValueError):
         npr_training_layout(ids, NPR)
+
+
+# ---------------------------------------------------------------- Parallel-R1
+PR1 = {name: 60 + k for k, name in enumerate(["Parallel", "/Parallel", "Path", "/Path",
+                                               "Summary", "/Summary"])}
+
+
+def parallel_r1_sequence(rng, paths: int, separator=()):
+    """The ``parallel-r1`` preset's merge as a splice lays it out: the fork
+    tag ``<Parallel>``, each path ``<Path>`` ... ``</Path>`` (the child's
+    header, output and end tag), the suffix ``</Parallel>\n<Summary>``."""
+    prefix = [*filler(rng, 1, 40), PR1["Parallel"]]
+    body, laid = [], []
+    for n in range(paths):
+        path = [PR1["Path"], *filler(rng, 0, 12), PR1["/Path"]]
+        body += [*(separator if n else ()), *path]
+        laid.append((len(path) + (len(separator) if n else 0),))
+    rest = [PR1["/Parallel"], NL, PR1["Summary"], *filler(rng, 1, 8), PR1["/Summary"]]
+    ids = prefix + body + rest
+    return ids, (len(prefix), Parallel(tuple(laid)), len(rest))
+
+
+def test_parallel_r1_training_equals_the_presets_splice():
+    """The preset's texts (no lead, no separator, the suffix starting with
+    ``</Parallel>``) give exactly Parallel-R1's training mask and
+    positions, for the two paths its trainer was run with and for more."""
+    rng = random.Random(4)
+    for _ in range(60):
+        ids, layout = parallel_r1_sequence(rng, rng.randint(1, 4))
+        mask, pos = parallel_r1_training_layout(ids, PR1)
+        assert pos == positions(layout)
+        assert mask == attention_mask(layout)
+
+
+def test_parallel_r1_training_differs_with_a_separator_between_paths():
+    """A token between two paths is outside both in training: it sits at
+    position 0 there, and the later path sees the earlier through it."""
+    rng = random.Random(5)
+    ids, layout = parallel_r1_sequence(rng, 2, separator=[NL])
+    mask, pos = parallel_r1_training_layout(ids, PR1)
+    sep = ids.index(NL)
+    assert pos[sep] == 0 and mask[sep][sep - 1] and mask[sep + 1][sep]
+    assert (pos, mask) != (positions(layout), attention_mask(layout))

@@ -19,7 +19,19 @@ against (:mod:`vllm_seqhooks.core.splice_layout`).
   ``</guideline>`` + 1, ``<takeaway>`` at ``</guideline>`` + the longest
   step + 1).
 
-Both work on token ids with single-token tags, as the trainers do; each
+- :func:`parallel_r1_training_layout` follows zhengkid/Parallel-R1 (read at
+  7c3a8f3) ``verl/verl/utils/dataset/parallel_thinking_sft_dataset.py``,
+  ``ParallelThinkingSFTDataset``: ``generate_parallel_thinking_reasponse_mask``
+  (the ``<Path>`` ... ``</Path>`` spans of a ``<Parallel>`` block, tags
+  included, hidden from each other once ``</Parallel>`` closes the block;
+  everything else causal) and ``compute_structured_position_ids``
+  (``<Path>`` restarts at the position of ``<Parallel>`` + 1,
+  ``</Parallel>`` goes on at ``<Parallel>`` + the longest path + 1; tokens
+  inside a block but outside every path keep position 0). Its RL actor
+  (``dp_actor.py``, spans from ``parallel_thinking_loop_v3.py``) gives the
+  same for the two paths it supports.
+
+All work on token ids with single-token tags, as the trainers do; each
 returns ``(mask, positions)`` with ``mask[i][j]`` True where token ``i``
 attends to token ``j``.
 """
@@ -135,4 +147,50 @@ def npr_training_layout(ids: Sequence[int], tag: Mapping[str, int]) -> tuple[Mas
         position += 1
     if states:
         raise ValueError("a guideline block left open")
+    return mask, out
+
+
+def parallel_r1_training_layout(ids: Sequence[int],
+                                tag: Mapping[str, int]) -> tuple[Mask, list[int]]:
+    """``tag``: the ids of ``Parallel``, ``/Parallel``, ``Path``, ``/Path``.
+    Raises ValueError on a block left open or a path outside a block."""
+    mask = _causal(len(ids))
+    out: list[int] = []
+    block: dict | None = None
+    position = 0
+    for i, token in enumerate(ids):
+        if token == tag["Parallel"]:
+            if block is not None:
+                raise ValueError("a <Parallel> block inside another")
+            block = {"start": position, "spans": [], "open": None, "longest": 0}
+            out.append(position)
+            position += 1
+            continue
+        if block is None:
+            if token in (tag["Path"], tag["/Path"], tag["/Parallel"]):
+                raise ValueError("a path tag outside a <Parallel> block")
+            out.append(position)
+            position += 1
+            continue
+        if token == tag["Path"]:
+            block["open"] = i
+            position = block["start"] + 1
+        elif token == tag["/Parallel"]:
+            _hide_from_each_other(mask, block["spans"])
+            position = block["start"] + block["longest"] + 1
+            out.append(position)
+            position += 1
+            block = None
+            continue
+        if block["open"] is None:
+            out.append(0)  # inside the block, outside every path
+            continue
+        out.append(position)
+        if token == tag["/Path"]:
+            block["spans"].append((block["open"], i + 1))
+            block["longest"] = max(block["longest"], i + 1 - block["open"])
+            block["open"] = None
+        position += 1
+    if block is not None:
+        raise ValueError("a <Parallel> block left open")
     return mask, out
