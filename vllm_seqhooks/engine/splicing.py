@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from vllm.v1.request import Request, RequestStatus
 
+from vllm_seqhooks.core.kv_blocks import blocks_holding
 from vllm_seqhooks.core.splice_inputs import SpliceInputs
 from vllm_seqhooks.core.splice_map import SpliceMap, SplicePath
 from vllm_seqhooks.engine import vllm_private
@@ -258,7 +259,7 @@ class Splicing:
         size = sched.block_size
         spilled = st.spilled_frontier is not None
         adopt = first_end // size * size if kv.enable_caching and first else 0
-        if adopt <= keep // size * size or (-(-num_tokens // size) - adopt // size
+        if adopt <= keep // size * size or (blocks_holding(num_tokens, size) - adopt // size
                                            > kv.block_pool.get_num_free_blocks()):
             adopt = 0
         elif not spilled:
@@ -305,8 +306,9 @@ class Splicing:
                 return False  # it re-prefills: nothing to wait for
             tokens += len(node.start_tokens) + len(node.output_tokens or ())
         size = sched.block_size
-        held = 0 if st.spilled_frontier is not None else -(-st.request.num_computed_tokens // size)
-        need = -(-tokens // size) - held
+        held = 0 if st.spilled_frontier is not None else blocks_holding(
+            st.request.num_computed_tokens, size)
+        need = blocks_holding(tokens, size) - held
         return need > sched.kv_cache_manager.block_pool.get_num_free_blocks()
 
     def _suffix_tokens(self) -> int:
