@@ -41,6 +41,7 @@ ZERO_STATE = {
     "parked": 0,
     "families": 0,
     "child_deadlines": 0,
+    "stop_watch": 0,
     "deferred_children": 0,
     "arrival_order": 0,
     "requests": 0,

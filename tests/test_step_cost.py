@@ -1,8 +1,8 @@
 """Hooks cost what changed: which requests get hook work in a step.
 
 Counted, not timed (issue 20): the hook scheduler's per-request path
-(``_update_watched``: cut, charge, scan, apply) runs only for requests that
-have hook work in that step; a step in which no request has any is served
+(``_after_append``: charge, scan, apply, after vLLM appended the step's
+tokens) runs only for requests that have hook work in that step; a step in which no request has any is served
 by vLLM's own ``_update_request_with_output`` for every request.
 """
 
@@ -14,6 +14,7 @@ from vllm_seqhooks.testing.sched_harness import (
     EOS_ID as EOS,
     PROMISE_END_ID as E,
     PROMISE_ID as P,
+    SEP_ID as SEP,
     SYNC_ID as S,
     SchedHarness,
     child_id,
@@ -30,18 +31,18 @@ def _count_hook_work(h: SchedHarness) -> list[list[str]]:
     """Per update_from_output, the request ids given the hook path."""
     sched = h.sched
     steps: list[list[str]] = []
-    inner = sched._update_watched
+    inner = sched._after_append
     orig_update = sched.update_from_output
 
     def update(*args, **kwargs):
         steps.append([])
         return orig_update(*args, **kwargs)
 
-    def watched(st, new_token_ids, is_stale):
+    def watched(st, *args):
         steps[-1].append(st.request.request_id)
-        return inner(st, new_token_ids, is_stale)
+        return inner(st, *args)
 
-    sched._update_watched = watched
+    sched._after_append = watched
     sched.update_from_output = update
     return steps
 
@@ -83,6 +84,31 @@ def test_hook_work_only_for_a_family_with_work(async_sched):
     # Its budget counts only what it sampled (12), across the join.
     assert h.tokens["f"][:12] == [40, P, 41, E, 42, S, 60, 61, 62, 43, 44, 45]
     assert len(h.tokens["f"]) == 12 + 3
+
+
+@MODES
+def test_open_payloads_and_open_children_cost_only_their_hook_tokens(async_sched):
+    """A request writing a promise's payload, or running beside its open
+    children, gets the hook path only in the steps that sample a hook token
+    or stop (a stop parks it, or closes its payload and spawns): not once a
+    step for as long as a payload or a child is open."""
+    h = SchedHarness(async_sched)
+    h.add("f", prompt(12), max_tokens=27,
+          script=[40, P] + [41] * 8 + [E] + [43] * 8 + [P] + [44] * 7)
+    h.scripts[child_id("f", 0)] = [60] * 30 + [EOS]
+    h.scripts[child_id("f", 1)] = [70, EOS]
+    steps = _count_hook_work(h)
+    h.run(max_steps=120)
+    parent_steps = sum(step.count("f") for step in steps)
+    # <promise>, </promise>, <promise>, and the stop inside the second
+    # payload (max_tokens): it closes the payload, spawns, and parks.
+    assert parent_steps == 4, [i for i, step in enumerate(steps) if "f" in step]
+    trace = h.trace("f")
+    assert [c["payload_token_ids"] for c in trace["children"]] == [[41] * 8, [44] * 7]
+    assert h.tokens["f"][:27] == [40, P] + [41] * 8 + [E] + [43] * 8 + [P] + [44] * 7
+    # (child 0's budget: what the parent had left when it spawned it)
+    assert h.tokens["f"][27:] == [60] * 16 + [SEP, 70]
+    assert h.finish_reasons["f"] is not None
 
 
 @MODES

@@ -279,14 +279,30 @@ class SeqHooksMixin:
         quiet = st.quiet_ids
         if quiet is not None and quiet.isdisjoint(new_token_ids):
             # Nothing to cut, charge, count or scan now: vLLM's own work
-            # (the scanner reads these tokens later if it needs them). A
-            # stop leaves nothing to do either: no payload is open, and a
-            # request with open children is loud.
-            return self._vllm_update_request(request, new_token_ids, is_stale)
+            # (the scanner reads these tokens later if it needs them), and
+            # the hooks' only if it stops and its stop is watched.
+            if not st.watch_stop:
+                return self._vllm_update_request(request, new_token_ids, is_stale)
+            return self._update_watching_stop(st, new_token_ids, is_stale)
         new_token_ids, stopped = self._update_watched(st, new_token_ids, is_stale)
         if not st.charged_per_step:  # (else it stays loud)
             self.fork_join.refresh_quiet(st)
         return new_token_ids, stopped
+
+    def _update_watching_stop(self, st: HookState, new_token_ids: list[int],
+                              is_stale: bool) -> tuple[list[int], bool]:
+        """A quiet step of a request whose stop parks it or closes its
+        payload: vLLM's own work, then, if it stopped, the hooks'."""
+        request = st.request
+        start, offered = request.num_tokens, len(new_token_ids)
+        was_preempted = request.status == RequestStatus.PREEMPTED
+        kept, stopped = self._vllm_update_request(request, new_token_ids, is_stale)
+        if not stopped:
+            return kept, stopped
+        kept, stopped = self._after_append(st, kept, stopped, start, offered, was_preempted,
+                                           False, is_stale)
+        self.fork_join.refresh_quiet(st)
+        return kept, stopped
 
     def _update_watched(self, st: HookState, new_token_ids: list[int],
                         is_stale: bool) -> tuple[list[int], bool]:
@@ -306,6 +322,15 @@ class SeqHooksMixin:
         was_preempted = request.status == RequestStatus.PREEMPTED
         # 2. vLLM appends them and checks its own stops.
         new_token_ids, stopped = self._vllm_update_request(request, new_token_ids, is_stale)
+        return self._after_append(st, new_token_ids, stopped, start, offered, was_preempted,
+                                  over_budget, is_stale)
+
+    def _after_append(self, st: HookState, new_token_ids: list[int], stopped: bool,
+                      start: int, offered: int, was_preempted: bool, over_budget: bool,
+                      is_stale: bool) -> tuple[list[int], bool]:
+        """After vLLM appended what a request kept of the ``offered`` tokens
+        (the first at ``start``): charge, scan, apply."""
+        request = st.request
         self.family_limits.charge(st, len(new_token_ids))
         if not stopped and (over_budget or self.family_limits.stops_member(st)):
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED  # its family stopped
@@ -414,7 +439,7 @@ class SeqHooksMixin:
     # -------------------------------------------------------------- output
     def update_from_output(self, scheduler_output, model_runner_output):
         fj = self.fork_join
-        if not fj.loud and fj.watched_ids.isdisjoint(
+        if not (fj.loud or fj.stop_watch) and fj.watched_ids.isdisjoint(
                 chain.from_iterable(model_runner_output.sampled_token_ids)):
             # No request has hook work in this step: vLLM's own method
             # serves every request (bound on this instance for the step),

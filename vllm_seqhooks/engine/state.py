@@ -68,6 +68,10 @@ class HookState:
     #: needs no hook work: nothing to cut, charge, count or scan. None:
     #: every step is looked at. Set through ``ForkJoinState.set_quiet``.
     quiet_ids: frozenset[int] | None = None
+    #: Its stop needs hook work even in a quiet step: it parks (open
+    #: children) or closes its open payload (``HookScanner.pending_finish``).
+    #: Set by ``ForkJoinState.refresh_quiet``.
+    watch_stop: bool = False
 
     def scan(self, tokens: list[int], start: int, scanner: HookScanner | None = None):
         """Events of ``tokens`` (the first at ``start``) from ``scanner``
@@ -151,6 +155,9 @@ class ForkJoinState:
     #: none of these ids sampled needs no hook work at all.
     loud: set[str] = field(default_factory=set)
     watched_ids: frozenset[int] = frozenset()
+    #: Requests whose stop needs hook work (``HookState.watch_stop``): a
+    #: step may skip the hooks only while none of them runs.
+    stop_watch: set[str] = field(default_factory=set)
     last_watched: frozenset[int] | None = None
 
     @property
@@ -173,16 +180,24 @@ class ForkJoinState:
 
     def refresh_quiet(self, st: HookState) -> None:
         """A request is quiet unless its tokens are charged to a family, a
-        join's prefill is being counted, its family ran out, or it has open
-        children (its stop parks it); then it watches what its scanner
-        watches (nothing without a scanner). A descendant whose charges are
-        deferred is not charged as it samples."""
+        join's prefill is being counted, or its family ran out; then it
+        watches what its scanner watches (nothing without a scanner). A
+        descendant whose charges are deferred is not charged as it samples.
+        Its stop is watched while it has open children (it parks) or its
+        scanner has an event for its end (an open payload)."""
+        scanner = st.scanner
+        rid = st.request.request_id
+        st.watch_stop = scanner is not None and (
+            scanner.pending_finish or self.tree.has_open_children(rid))
+        if st.watch_stop:
+            self.stop_watch.add(rid)
+        else:
+            self.stop_watch.discard(rid)
         if (st.charged_per_step or st.accounting is not None or st.draining
-                or (st.family is not None and st.family.exhausted_by is not None)
-                or self.tree.has_open_children(st.request.request_id)):
+                or (st.family is not None and st.family.exhausted_by is not None)):
             self.set_quiet(st, None)
         else:
-            self.set_quiet(st, frozenset() if st.scanner is None else st.scanner.watched_ids())
+            self.set_quiet(st, frozenset() if scanner is None else scanner.watched_ids())
 
     # ------------------------------------------------------------ parking
     def unpark(self, st: HookState) -> None:
@@ -196,6 +211,7 @@ class ForkJoinState:
         its tree node)."""
         st = self.states.pop(rid, None)
         self.loud.discard(rid)
+        self.stop_watch.discard(rid)
         if st is not None:
             self.unpark(st)
             node = self.tree.get(rid)
@@ -241,5 +257,6 @@ class ForkJoinState:
             "child_deadlines": len(self.child_deadlines),
             "deferred_children": len(self.deferred_children),
             "arrival_order": len(self.arrival_order),
+            "stop_watch": len(self.stop_watch),
             **extra,
         }

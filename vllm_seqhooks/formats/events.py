@@ -96,6 +96,10 @@ class HookScanner(Protocol):
         state (None: any token can): a step whose tokens are all outside it
         yields none; they need not be fed unless :attr:`needs_history`."""
 
+    #: :meth:`finish` would report an event now (a promise's payload is
+    #: open): the request's stop needs the scanner even in a quiet step.
+    pending_finish: bool
+
     def copy(self) -> "HookScanner":
         """An independent scanner in the same state (to look ahead)."""
 

@@ -4,7 +4,8 @@
 ``<promise>`` opens a payload, ``</promise>`` (when configured) closes it,
 ``<sync>`` closes it too and asks to park; it reports the events of
 :mod:`vllm_seqhooks.formats.events`. The fast path (no payload open, no hook
-token among the new tokens) is one set lookup per token.
+token among the new tokens) is one set lookup per token; the engine does
+not feed it steps without a hook token at all (:meth:`watched_ids`).
 """
 
 from __future__ import annotations
@@ -55,9 +56,14 @@ class PromiseScanner:
         return self.payload_start is not None or not self.hook_ids.isdisjoint(tokens)
 
     def watched_ids(self) -> frozenset[int] | None:
-        """The hook token ids while no payload is open (None while one is:
-        every token is part of it)."""
-        return self.hook_ids if self.payload_start is None else None
+        """The hook token ids: a payload's other tokens yield no event (its
+        end, or the request's, closes it: see :attr:`pending_finish`)."""
+        return self.hook_ids
+
+    @property
+    def pending_finish(self) -> bool:
+        """A payload is open: the request's end closes it (:meth:`finish`)."""
+        return self.payload_start is not None
 
     #: Tokens it was not fed (quiet steps) carry nothing it needs.
     needs_history = False

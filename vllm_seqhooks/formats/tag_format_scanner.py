@@ -66,6 +66,9 @@ class TagFormatScanner:
         last fork."""
         return self.since_fork is not None
 
+    #: Its end reports nothing (:meth:`finish`).
+    pending_finish = False
+
     def copy(self) -> "TagFormatScanner":
         twin = TagFormatScanner.__new__(TagFormatScanner)
         for name in self.__slots__:
