@@ -13,8 +13,10 @@ class Accounting:
 
     def count(self, out) -> None:
         """Count what the step ``out`` (a scheduler output) schedules."""
-        self._count_joins(out.num_scheduled_tokens, out.scheduled_spec_decode_tokens)
-        self._count_forks(out.num_scheduled_tokens)
+        if self.sched.fork_join.accounting:
+            self._count_joins(out.num_scheduled_tokens, out.scheduled_spec_decode_tokens)
+        if out.scheduled_new_reqs:
+            self._count_forks(out.scheduled_new_reqs, out.num_scheduled_tokens)
 
     def _count_joins(self, scheduled: dict[str, int], drafts: dict) -> None:
         fj = self.sched.fork_join
@@ -40,9 +42,16 @@ class Accounting:
             if not st.request.is_prefill_chunk:
                 fj.accounting.pop(rid, None)
 
-    def _count_forks(self, scheduled: dict[str, int]) -> None:
+    def _count_forks(self, new_reqs, scheduled: dict[str, int]) -> None:
+        """A child's first schedule starts it from the waiting queue: it is
+        among the step's new requests (vLLM lists a request scheduled from
+        WAITING there), so only those are looked at, not every live child."""
         fj = self.sched.fork_join
-        for rid, child in fj.children.items():
+        for data in new_reqs:
+            rid = data.req_id
+            child = fj.children.get(rid)
+            if child is None:
+                continue
             st = fj.states.get(rid)
             if st is None or st.first_scheduled:
                 continue
