@@ -73,9 +73,14 @@ class Spawning:
         if refusal is not None:
             self.ignore_promise(st, ev.start - 1, refusal)
             return
+        hooks = self.sched.hooks
         tokens = st.request.all_token_ids
-        prompt = promise_prompt(self.sched.hooks, tokens, ev.start, ev.end, ev.context_end)
-        self._add_child(st, prompt, list(tokens[ev.start:ev.end]), ev.end)
+        prompt = promise_prompt(hooks, tokens, ev.start, ev.end, ev.context_end)
+        # (A fork context is the parent's tokens: all of it is shared.)
+        shared = len(prompt) if hooks.child_context == "fork" else None
+        child_id, node = self._new_node(st, prompt, list(tokens[ev.start:ev.end]),
+                                        shared=shared)
+        self._start_child(st, child_id, node, prompt, ev.end)
 
     def fork(self, st: HookState, ev: ForkReached) -> None:
         """A tag format's fork: one child per label, each starting from the
@@ -134,16 +139,11 @@ class Spawning:
             else:
                 self._start_child(st, entry.child_id, node, entry.prompt, entry.closed_at)
 
-    def _add_child(self, st: HookState, prompt: list[int], payload: list[int],
-                   closed_at: int) -> None:
-        """Queue a promise's child with ``prompt``."""
-        child_id, node = self._new_node(st, prompt, payload)
-        self._start_child(st, child_id, node, prompt, closed_at)
-
     def _new_node(self, st: HookState, prompt: list[int], payload: list[int],
-                  start_tokens=(), label: str | None = None
+                  start_tokens=(), label: str | None = None, shared: int | None = None
                   ) -> tuple[str, HookNode]:
-        """A new child's id and its node in the request tree."""
+        """A new child's id and its node in the request tree (``shared``:
+        how many of its prompt's first tokens are its parent's, when known)."""
         sched = self.sched
         fj = sched.fork_join
         parent_id = st.request.request_id
@@ -157,7 +157,8 @@ class Spawning:
         # (the trace's per-call rows rebuild its prompt from them). A tag
         # format's join may give the fork tag's last token back re-tokenized:
         # counted in the rest, so that the shared part is the parent's for good.
-        shared = common_prefix(prompt, st.request.all_token_ids)
+        if shared is None:
+            shared = common_prefix(prompt, st.request.all_token_ids)
         if sched.hooks.tag_format is not None:
             shared = min(shared, len(prompt) - len(start_tokens) - 1)
         node.context_tokens = max(shared, 0)
