@@ -908,8 +908,9 @@ def test_abort_spilled_parent(async_sched):
               script=[40, P, 41, 42, E, 43, S, 44, 45, EOS])
         h.scripts[child_id(rid, 0)] = [60 + (k % 30) for k in range(30)] + [EOS]
     h.run_until(lambda: h.sched.hook_stats["spills"] >= 1, max_steps=100)
-    spilled = [r for r in ("a", "b") if r in h.sched.requests
-               and h.sched.requests[r] in h.sched.waiting
+    states = h.sched.fork_join.states
+    spilled = [r for r in ("a", "b") if r in states and states[r].parked
+               and states[r].spilled_frontier is not None
                and h.sched.requests[r].status == RequestStatus.WAITING_FOR_STREAMING_REQ]
     assert spilled
     mark = len(h.output_log)

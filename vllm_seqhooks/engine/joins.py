@@ -367,6 +367,7 @@ class Joins:
             # Re-admit through the prefix cache: recompute what was evicted.
             req.num_computed_tokens = 0
             st.spilled_frontier = None
+        sched.parking.unpark_to_queue(req)  # (its computed tokens say which queue)
         req.stop_reason = None
         st.accounting = record
         fj.set_quiet(st, None)

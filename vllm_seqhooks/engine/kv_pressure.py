@@ -90,11 +90,9 @@ class KVPressure:
         prefix-cache entries) and will resume through the prefix cache."""
         sched = self.sched
         req = st.request
-        sched.kv_holding_waiting.remove_request(req)
         sched._free_request_blocks(req)
         st.spilled_frontier = req.num_computed_tokens
         req.num_computed_tokens = 0
-        sched.waiting.add_request(req)
 
     def spill(self, st: HookState) -> None:
         self.release_blocks(st)

@@ -1,11 +1,18 @@
 """Parking: a request stops at ``<sync>`` (or a fork tag) with open
 children, or finishes with open children, and waits for them through vLLM's
 streaming-session path (status ``WAITING_FOR_STREAMING_REQ``: its KV blocks
-and computed tokens kept) instead of finishing."""
+and computed tokens kept) instead of finishing.
+
+A parked request waits outside vLLM's queues: vLLM would look at every
+waiting streaming session at every step (and skip it), a cost per parked
+parent per step; it is queued again when its join resumes it
+(:meth:`Parking.unpark_to_queue`)."""
 
 from __future__ import annotations
 
-from vllm.v1.request import RequestStatus
+from collections import deque
+
+from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.engine.state import HookState
 
@@ -36,11 +43,9 @@ class Parking:
         request.stop_reason = None
         if st.preempted_at_stop:
             # vLLM preempted the request while this step was in flight: its
-            # blocks are gone (num_computed_tokens == 0) and vLLM takes it out
-            # of every queue after this step. Park it as spilled: it resumes
-            # through the prefix cache, and is queued again after the step.
+            # blocks are gone (num_computed_tokens == 0). Park it as spilled:
+            # it resumes through the prefix cache.
             st.spilled_frontier = request.num_tokens - (0 if stopped_by_finish else 1)
-            fj.requeue_after_step.append(request)
         st.parked = True
         fj.num_parked += 1
         # The worker drops its state for the parked request (freeing its
@@ -52,11 +57,21 @@ class Parking:
         if fj.tree.ready_to_join(rid):
             fj.ready_joins.append(rid)
 
-    def requeue_preempted(self) -> None:
-        """After a step: parents parked while vLLM preempted them wait again."""
-        fj = self.sched.fork_join
-        for req in fj.requeue_after_step:
-            if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
-                self.sched.waiting.add_request(req)
-                self.sched.deferred_waiting.add(req)
-        fj.requeue_after_step = []
+    def take_out_of_queues(self, request: Request) -> None:
+        """vLLM queued the parked ``request`` as a waiting streaming session
+        (at the end of one of its waiting queues): it waits outside them."""
+        sched = self.sched
+        for queue in (sched.kv_holding_waiting, sched.waiting):
+            if isinstance(queue, deque) and queue and queue[-1] is request:
+                queue.pop()
+                break
+            if not isinstance(queue, deque) and request in queue:  # (priority policy)
+                queue.remove_request(request)
+                break
+        sched.deferred_waiting.discard(request)
+
+    def unpark_to_queue(self, request: Request) -> None:
+        """The joined ``request`` (vLLM's session updated: status WAITING)
+        is queued as vLLM queues a waiting request: among those holding KV
+        blocks if it holds some, else among the others."""
+        self.sched._enqueue_waiting_request(request)

@@ -421,7 +421,8 @@ class SeqHooksMixin:
         fj = self.fork_join
         if request.request_id not in fj.park_pending:
             return super()._handle_stopped_request(request)
-        # Parked: vLLM keeps a stopped resumable request, with its blocks.
+        # Parked: vLLM keeps a stopped resumable request, with its blocks,
+        # and queues it; it waits outside the queues (parking).
         fj.park_pending.discard(request.request_id)
         was_resumable, request.resumable = request.resumable, True
         try:
@@ -429,6 +430,7 @@ class SeqHooksMixin:
         finally:
             request.resumable = was_resumable
         assert not finished
+        self.parking.take_out_of_queues(request)
         return False
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
@@ -451,8 +453,6 @@ class SeqHooksMixin:
                 del self._update_request_with_output
         else:
             outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if fj.requeue_after_step:
-            self.parking.requeue_preempted()
         if fj.idle:
             return outputs
         parked_now, fj.parked_this_step = fj.parked_this_step, set()
@@ -468,9 +468,16 @@ class SeqHooksMixin:
     def get_num_unfinished_requests(self) -> int:
         # A join decided outside update_from_output (a child aborted from
         # outside) is delivered by the next step: keep the engine stepping.
+        # Parked requests wait outside vLLM's queues (parking), which vLLM
+        # subtracts as waiting streaming sessions: they do not count.
         fj = self.fork_join
         pending = len(fj.ready_joins) + len(fj.pending_outputs)
-        return super().get_num_unfinished_requests() + pending
+        parked = fj.num_parked
+        self.num_waiting_for_streaming_input -= parked
+        try:
+            return super().get_num_unfinished_requests() + pending
+        finally:
+            self.num_waiting_for_streaming_input += parked
 
     def shutdown(self) -> None:
         self.metrics.remove()

@@ -223,7 +223,7 @@ class Splicing:
         context = keep + 1
         reason = None
         if st.spilled_frontier is not None:
-            if req.num_computed_tokens or req in sched.fork_join.requeue_after_step:
+            if req.num_computed_tokens:
                 reason = "the parent's KV was spilled in a step still in flight"
         elif req.num_computed_tokens != keep:
             reason = "the parent's KV does not end at its fork"
@@ -267,8 +267,6 @@ class Splicing:
         have = vllm_private.allocate_join_blocks(kv, req, num_tokens, size, first, adopt)
         if have is None or st.spilled_frontier is None:
             return have
-        sched.waiting.remove_request(req)
-        sched.kv_holding_waiting.add_request(req)
         req.num_computed_tokens = keep
         st.spilled_frontier = None
         if adopt:

@@ -129,8 +129,6 @@ class ForkJoinState:
     #: Outputs (client_index, output) made outside update_from_output,
     #: delivered by the next one.
     pending_outputs: list[tuple[int, EngineCoreOutput]] = field(default_factory=list)
-    #: Parents parked while vLLM preempted them, queued again after the step.
-    requeue_after_step: list[Request] = field(default_factory=list)
     #: Joined parents whose resume prefill is being counted.
     accounting: dict[str, HookState] = field(default_factory=dict)
     #: Family ledgers by root request id, those with a deadline, and those

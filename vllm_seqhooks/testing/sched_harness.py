@@ -95,7 +95,8 @@ def check_invariants(sched, scheduler_output=None) -> None:
     """Scheduler bookkeeping that must hold between steps.
 
     * every live request sits in exactly one of ``running``, ``waiting``,
-      ``kv_holding_waiting`` (parked ones included);
+      ``kv_holding_waiting``, except parked ones (waiting for their
+      children), which sit in none;
     * ``num_waiting_for_streaming_input`` equals the number of requests with
       status ``WAITING_FOR_STREAMING_REQ``;
     * a request's token list starts with its prompt, and it never has more
@@ -113,7 +114,12 @@ def check_invariants(sched, scheduler_output=None) -> None:
         if req.is_finished():
             continue
         n = counts.get(rid, 0)
-        if n != 1:
+        fork_join = getattr(sched, "fork_join", None)  # (absent on stock vLLM)
+        st = fork_join.states.get(rid) if fork_join is not None else None
+        if st is not None and st.parked:
+            if n:
+                problems.append(f"{rid} is parked and in {n} scheduler queues")
+        elif n != 1:
             problems.append(f"{rid} ({req.status.name}) is in {n} scheduler queues")
         prompt = req.prompt_token_ids or []
         if list(req.all_token_ids[: len(prompt)]) != list(prompt) or (

@@ -14,6 +14,7 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_update_request_with_output", ("self", "request", "new_token_ids", "is_stale")),
     ("_handle_stopped_request", ("self", "request")),
     ("_update_request_as_session", ("self", "session", "update")),
+    ("_enqueue_waiting_request", ("self", "request")),
     ("_free_request_blocks", ("self", "request")),
     ("_free_request", ("self", "request", "delay_free_blocks")),
     ("_free_blocks", ("self", "request")),
