@@ -112,6 +112,43 @@ def test_open_payloads_and_open_children_cost_only_their_hook_tokens(async_sched
 
 
 @MODES
+def test_steps_with_only_children_running_are_vllms_own(async_sched, monkeypatch):
+    """While its parents are parked, a step whose children sample no hook
+    token is served by vLLM's own per-request update for every request: a
+    parked parent's stop cannot happen (it does not run)."""
+    h = SchedHarness(async_sched)
+    for f in ("f", "g"):
+        h.add(f, prompt(12), max_tokens=40, script=[40, P, 41, E, P, 42, E, S, 43, EOS])
+        for k in range(2):
+            h.scripts[child_id(f, k)] = [60 + k] * 12 + [EOS]
+    cls = type(h.sched)
+    per_request = cls._update_request_with_output
+    hooked = []
+
+    def counted(self, request, *args, **kwargs):
+        hooked[-1].add(request.request_id)
+        return per_request(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "_update_request_with_output", counted)
+    parked_steps = []
+    orig_update = h.sched.update_from_output
+
+    def update(*args, **kwargs):
+        hooked.append(set())
+        parked = h.sched.fork_join.num_parked
+        out = orig_update(*args, **kwargs)
+        if parked == 2 and h.sched.fork_join.num_parked == 2:
+            parked_steps.append(len(hooked) - 1)
+        return out
+
+    h.sched.update_from_output = update
+    h.run(max_steps=120)
+    assert len(parked_steps) >= 8  # both parents parked, children writing
+    assert [hooked[i] for i in parked_steps] == [set()] * len(parked_steps)
+    assert h.tokens["f"] == [40, P, 41, E, P, 42, E, S, *[60] * 12, SEP, *[61] * 12, 43, EOS]
+
+
+@MODES
 def test_children_charged_as_they_sample_once_budgets_do_not_fit(async_sched):
     """Budgets that do not all fit in the family's: every descendant is
     charged (and trimmed) as it samples, and the family is cut when they

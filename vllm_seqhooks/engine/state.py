@@ -181,11 +181,12 @@ class ForkJoinState:
         join's prefill is being counted, or its family ran out; then it
         watches what its scanner watches (nothing without a scanner). A
         descendant whose charges are deferred is not charged as it samples.
-        Its stop is watched while it has open children (it parks) or its
-        scanner has an event for its end (an open payload)."""
+        Its stop is watched while it runs with open children (it parks) or
+        its scanner has an event for its end (an open payload); a parked
+        request does not run."""
         scanner = st.scanner
         rid = st.request.request_id
-        st.watch_stop = scanner is not None and (
+        st.watch_stop = scanner is not None and not st.parked and (
             scanner.pending_finish or self.tree.has_open_children(rid))
         if st.watch_stop:
             self.stop_watch.add(rid)
