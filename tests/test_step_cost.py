@@ -277,3 +277,22 @@ def test_shared_block_hashes_equal_vllms_own(child_prompt):
     child = request("d", child_prompt, None)
     share_block_hashes(child, unhashed_parent, 4)
     assert child.block_hashes == [] and child._block_hasher is None
+
+
+def test_request_hooks_are_reused_per_settings_and_bounded():
+    """A request's hooks are worked out once per (depth, per-request
+    settings) and reused (a family's children ask with the same ones); the
+    kept ones stay bounded however many distinct settings clients send, and
+    every request still gets its own."""
+    h = SchedHarness(False, num_blocks=400, max_num_seqs=4)
+    admission = h.sched.admission
+    for i in range(300):
+        h.add(f"r{i}", prompt(4, 10 + i % 40), max_tokens=2,
+              extra_args={"seqhooks_child_max_tokens": 1 + i})
+    states = h.sched.fork_join.states
+    assert all(states[f"r{i}"].child_max_tokens == 1 + i for i in range(300))
+    assert 0 < len(admission._hooks) <= 256
+    before = dict(admission._hooks)
+    h.add("again", prompt(4), max_tokens=2, extra_args={"seqhooks_child_max_tokens": 300})
+    assert states["again"].child_max_tokens == 300
+    assert admission._hooks == before  # (the same settings: reused)

@@ -71,6 +71,6 @@ def parse_request_overrides(extra_args: Mapping[str, Any] | None) -> dict[str, A
     if not extra_args:
         return {}
     return {
-        key[len(REQUEST_KEY_PREFIX):]: check_value(key, extra_args[key])
-        for key, check_value in REQUEST_OVERRIDE_KEYS.items() if key in extra_args
+        key[len(REQUEST_KEY_PREFIX):]: REQUEST_OVERRIDE_KEYS[key](key, value)
+        for key, value in extra_args.items() if key in REQUEST_OVERRIDE_KEYS
     }

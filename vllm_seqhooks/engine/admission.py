@@ -9,13 +9,17 @@ from vllm.v1.request import Request
 
 from vllm_seqhooks.config.request_keys import parse_request_overrides
 from vllm_seqhooks.config.special_kwargs import SpecialKwargsError
-from vllm_seqhooks.core.admission import request_hooks
+from vllm_seqhooks.core.admission import RequestHooks, request_hooks
 from vllm_seqhooks.formats.request_scanner import request_scanner
 from vllm_seqhooks.formats.text_codec import TextCodec
 from vllm_seqhooks.engine.state import HookState
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
+
+#: How many distinct (depth, per-request settings) the cache of
+#: request_hooks keeps before it starts again.
+_HOOKS_KEPT = 256
 
 
 class Admission:
@@ -24,6 +28,9 @@ class Admission:
     def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
         self.sched = sched
         self._codec: TextCodec | None = None
+        #: request_hooks by (depth, per-request settings): a family's
+        #: children (and most requests) ask with the same ones.
+        self._hooks: dict[tuple, RequestHooks] = {}
 
     def admit(self, request: Request) -> None:
         """Give ``request`` its :class:`HookState` (none: hooks off for it)."""
@@ -47,7 +54,7 @@ class Admission:
         if per_request.get("enabled", True) is False:
             return
         node = fj.tree.get(request.request_id)
-        rh = request_hooks(sched.hooks, per_request, node.depth if node is not None else 0)
+        rh = self._request_hooks(per_request, node.depth if node is not None else 0)
         family = None
         if rh.may_spawn and rh.depth == 0:
             family = sched.family_limits.new_family(request, per_request)
@@ -64,6 +71,15 @@ class Admission:
         if st.scanner is not None and st.scanner.needs_history:
             st.scanner.fed_to = request.num_tokens  # (it reads from its first sampled token)
         fj.refresh_quiet(st)
+
+    def _request_hooks(self, per_request: dict, depth: int) -> RequestHooks:
+        key = (depth, *per_request.items())
+        rh = self._hooks.get(key)
+        if rh is None:
+            if len(self._hooks) >= _HOOKS_KEPT:
+                self._hooks.clear()
+            rh = self._hooks[key] = request_hooks(self.sched.hooks, per_request, depth)
+        return rh
 
     def _separator(self, text: str | None) -> tuple[int, ...]:
         """Token ids of a per-request merge separator (cached), or the

@@ -193,7 +193,8 @@ class Spawning:
             trace_headers=parent.trace_headers,
             block_hasher=None,  # the parent's, and its hashes (next line)
         )
-        vllm_private.share_block_hashes(child, parent, sched.hash_block_size)
+        vllm_private.share_block_hashes(child, parent, sched.hash_block_size,
+                                        node.context_tokens)
         fj.children[child_id] = child
         sched.splicing.inherit(parent.request_id, child_id)
         sched.add_request(child)
