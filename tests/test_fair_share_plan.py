@@ -214,6 +214,12 @@ def test_engine_holds_and_preemptions_equal_the_whole_queue_plan(case):
         compared["preempted"] += len(got)
 
     def checked_holds_back(request):
+        rid = request.request_id
+        if (rid in sched.fork_join.children and not request.num_computed_tokens
+                and rid not in sched.fork_join.share_step.preempt):
+            # decided before vLLM's schedule, on the holdings before it
+            family = sched.fair_share._family(rid)
+            assert (family, request.priority) in sched.fork_join.share_step._memo, rid
         got = holds_back(request)
         if request.request_id in sched.fork_join.share_step.preempt:
             # a child preempted for this step's share is not admitted again in it
@@ -264,3 +270,47 @@ def test_engine_holds_and_preemptions_equal_the_whole_queue_plan(case):
     # families forked); requests arriving later do.
     assert (compared["preempted"] == 0) == (case == "batch"), compared
     assert (compared["preempted_reached"] > 0) == (case != "batch"), compared
+
+
+def test_waiting_index_kept_through_changes_equals_one_built_afresh():
+    """The waiting side of the share, kept through a queue's changes
+    (requests entering and leaving, a parked session waking up) answers as
+    an index built from the queue as it is: the same families, the same
+    answer to "does another family as urgent wait", the same waiting
+    children's families, the same "did a request arrive after this fork"."""
+    from vllm_seqhooks.core.waiting_index import WaitingIndex, WaitingKey
+
+    rng = random.Random(7)
+    keys: dict[int, WaitingKey] = {}
+    dormant: set[int] = set()
+    kept = WaitingIndex()
+    next_id = 0
+    for _ in range(400):
+        for _ in range(rng.randint(0, 6)):  # requests enter
+            fam = f"f{rng.randint(0, 8)}"
+            child = rng.random() < 0.6
+            keys[next_id] = WaitingKey(fam if child else f"r{next_id}", rng.choice([0, 0, 1, 2]),
+                                       child, None if child else rng.choice([None, *range(50)]))
+            if rng.random() < 0.1:
+                dormant.add(next_id)
+            next_id += 1
+        for member in rng.sample(sorted(keys), k=min(len(keys), rng.randint(0, 5))):
+            del keys[member]  # requests leave
+            dormant.discard(member)
+        if dormant and rng.random() < 0.3:
+            dormant.pop()  # a parked session wakes up
+        kept.sync(set(keys), lambda m: None if m in dormant else keys[m])
+        live = [k for m, k in keys.items() if m not in dormant]
+        fresh = WaitingIndex()
+        fresh.sync(set(range(len(live))), lambda i: live[i])
+        assert kept.families == fresh.families
+        assert sorted(kept.child_keys()) == sorted(fresh.child_keys())
+        assert kept.has_non_children() == fresh.has_non_children()
+        for fam in [f"f{i}" for i in range(9)] + ["r1", "zz"]:
+            for priority in (0, 1, 2):
+                want = any(k.family != fam and k.priority <= priority for k in live)
+                assert kept.others_wait(fam, priority) == want
+        for first in (0, 10, 25, 49, 60):
+            want = any(not k.is_child and (k.arrival is None or k.arrival >= first)
+                       for k in live)
+            assert kept.arrived_since(first) == want

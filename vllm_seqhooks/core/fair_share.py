@@ -60,6 +60,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Mapping, Sequence
 
+from vllm_seqhooks.core.waiting_index import WaitingIndex
+
 
 @dataclass(slots=True)
 class Entry:
@@ -99,6 +101,9 @@ class Holdings:
     #: The running requests' entries in admission order (``blocks``: those of
     #: its blocks no request before it, parked requests first, counted).
     running: Callable[[], Sequence[Entry]]
+    #: How many waiting requests vLLM's admission may start this step, at
+    #: most (its free admission slots; None: not known).
+    room: int | None = None
 
 
 @dataclass
@@ -123,7 +128,7 @@ def plan(
     spawned its first child (its children are preempted only for later
     arrivals). The engine uses :class:`StepShare` instead, which decides
     holds per family and is asked per child as vLLM's admission reaches it."""
-    step = StepShare(waiting, holdings_of(running, parked, max_running),
+    step = StepShare(WaitingIndex.of(waiting), holdings_of(running, parked, max_running),
                      max_running=max_running, total_blocks=total_blocks,
                      forked_after=forked_after)
     if not step.active:
@@ -190,45 +195,64 @@ class StepShare:
     requests one by one only when one of them may preempt (it arrived after
     a family with running children forked)."""
 
-    def __init__(self, waiting: Sequence[Entry], held: Holdings, *, max_running: int,
+    def __init__(self, waiting: WaitingIndex, held: Holdings, *, max_running: int,
                  total_blocks: int, forked_after: Mapping[str, int] | None = None) -> None:
-        families = {e.family for e in waiting}
-        families.update(held.slots)
-        self.active = len(families) >= 2
+        waiting_families = waiting.families
+        contenders = len(waiting_families) + sum(
+            1 for f in held.slots if f not in waiting_families)
+        self.active = contenders >= 2
         self.preempt: list[str] = []
         self.share = 0
         if not self.active:
             return
-        self.share = max(1, max_running // len(families))
-        self.block_share = max(1, total_blocks // len(families))
+        self.share = max(1, max_running // contenders)
+        self.block_share = max(1, total_blocks // contenders)
         self._slots = held.slots
         self._blocks = _Blocks(held.blocks)
         self._waiting = waiting
-        # The most urgent priority waiting from each family: of any request
-        # (for slots), and (asked only if a hold depends on blocks) of the
+        # Whether another family waits as urgent: of any request (for
+        # slots), and (asked only if a hold depends on blocks) of the
         # requests that a share of the blocks can hold.
-        self._urgent = _most_urgent(waiting)
+        self._urgent = waiting
         self._urgent_fitting: _MostUrgent | None = None
         # Each waiting family's holds, decided now, on what is held before
         # the step (vLLM allocates blocks to running requests before it
         # reaches the waiting ones); asked per child as admission reaches it.
         self._memo: dict[tuple[str, int], bool] = {}
-        for e in waiting:
-            if e.is_child:
-                self.holds(e.family, e.priority)
         forks = [forked_after.get(f) for f in held.child_families] if forked_after else []
         forks = [n for n in forks if n is not None] or [0]
         first_fork = min(forks)
-        if held.child_families and any(
-                not e.is_child and (e.arrival is None or e.arrival >= first_fork)
-                for e in waiting):
-            self._preempt_for(waiting, held, first_fork, max(forks), forked_after or {})
+        if held.child_families and waiting.arrived_since(first_fork):
+            self._preempt_for(waiting.in_order(), held, first_fork, max(forks),
+                              forked_after or {})
+        self._decide_reachable_holds(waiting, held.room)
+
+    def _decide_reachable_holds(self, waiting: WaitingIndex, room: int | None) -> None:
+        """Decide now, on what is held before the step (vLLM gives running
+        requests the step's blocks before it reaches the waiting ones), the
+        holds of every waiting child vLLM's admission may reach: in queue
+        order, until as many requests as it may start (``room``, and a
+        slot per child preempted for the share) are not held back; every
+        waiting child's when ``room`` is not known."""
+        if room is None:
+            for family, priority in waiting.child_keys():
+                self.holds(family, priority)
+            return
+        room += len(self.preempt)
+        for key in waiting.keys_in_order():
+            if room <= 0:
+                return
+            if key.is_child and self.holds(key.family, key.priority):
+                continue
+            room -= 1
 
     def holds(self, family: str, priority: int) -> bool:
         """Whether a waiting child of ``family`` at ``priority`` is held back
         this step: its family holds its share of slots (or more than its
         share of blocks) while a request of another family, as urgent or
-        more (and that a share of blocks could hold), waits."""
+        more (and that a share of blocks could hold), waits. (Decided
+        before vLLM schedules for the children its admission may reach:
+        :meth:`_decide_reachable_holds`.)"""
         key = (family, priority)
         known = self._memo.get(key)
         if known is None:
@@ -241,7 +265,7 @@ class StepShare:
 
     def _fitting(self) -> _MostUrgent:
         if self._urgent_fitting is None:
-            self._urgent_fitting = _most_urgent(self._waiting, self.block_share)
+            self._urgent_fitting = _most_urgent(self._waiting.in_order(), self.block_share)
         return self._urgent_fitting
 
     def _preempt_for(self, waiting: Sequence[Entry], held: Holdings, first_fork: int,

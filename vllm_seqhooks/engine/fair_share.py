@@ -12,6 +12,7 @@ from typing import Iterable
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.core.fair_share import Entry, Holdings, StepShare
+from vllm_seqhooks.core.waiting_index import WaitingIndex, WaitingKey
 from vllm_seqhooks.core.kv_blocks import blocks_to_start
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
@@ -24,13 +25,18 @@ class FairShare:
     def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
         self.sched = sched
         #: Request id -> ((request, num_tokens, num_computed_tokens), its
-        #: entry), for the requests waiting at the last step's share.
+        #: entry), for the requests waiting when entries were last read.
         self._known_entries: dict[str, tuple[tuple[Request, int, int], Entry]] = {}
+        #: The waiting queue, by family and priority, kept from step to step.
+        self._index = WaitingIndex(self._waiting_entries, lambda: self.sched.waiting)
 
     def hold_over_share(self) -> None:
         """This step's share: preempt what it says now; children it holds
         back are kept out of admission as vLLM reaches them
         (:meth:`holds_back`)."""
+        if not self.sched.waiting:
+            self._index.clear()  # (it keeps no request that left)
+            return
         step = self._step()
         self.sched.fork_join.share_step = step
         if step is not None and step.preempt:
@@ -57,8 +63,9 @@ class FairShare:
         parked_status = RequestStatus.WAITING_FOR_STREAMING_REQ
         if all(c.status == parked_status for c in fj.children.values()):
             return None
-        waiting = self._waiting_entries()
-        if waiting is None:
+        waiting = self._index
+        waiting.sync(set(sched.waiting), self._waiting_key)
+        if not waiting.has_non_children():
             return None
         step = StepShare(waiting, self._holdings(), max_running=sched.max_num_running_reqs,
                          total_blocks=sched.kv_cache_manager.block_pool.num_gpu_blocks,
@@ -80,18 +87,23 @@ class FairShare:
         st = self.sched.fork_join.states.get(rid)
         return st.family.root_id if st is not None and st.family is not None else rid
 
-    def _waiting_entries(self) -> list[Entry] | None:
-        """The waiting requests' entries (parked parents left out): what
-        each needs to start, and when it came; None when only children wait
-        (no share to work out). A waiting request's entry changes only when
-        its tokens do (it ran, or was preempted): entries are kept from step
-        to step and built again only then."""
-        children = self.sched.fork_join.children
-        parked_status = RequestStatus.WAITING_FOR_STREAMING_REQ
-        if all(req.request_id in children or req.status == parked_status
-               for req in self.sched.waiting):
-            self._known_entries.clear()
+    def _waiting_key(self, req: Request) -> WaitingKey | None:
+        """What the index keeps of a waiting request (None for a waiting
+        streaming session: it does not wait for a slot)."""
+        if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
             return None
+        rid = req.request_id
+        if rid in self.sched.fork_join.children:
+            return WaitingKey(self._family(rid), req.priority, True, None)
+        return WaitingKey(rid, req.priority, False, self.sched.fork_join.arrival_order.get(rid))
+
+    def _waiting_entries(self) -> list[Entry]:
+        """The waiting requests' entries in queue order (parked sessions
+        left out): what each needs to start, and when it came; read only
+        when the step's share needs them one by one. A waiting request's
+        entry changes only when its tokens do (it ran, or was preempted):
+        entries are kept and built again only then."""
+        parked_status = RequestStatus.WAITING_FOR_STREAMING_REQ
         known = self._known_entries
         entries: list[Entry] = []
         for req in self.sched.waiting:
@@ -138,7 +150,12 @@ class FairShare:
                     members.setdefault(family_of(req.request_id), []).append(req)
             return self._family_blocks(members.get(family, ()))
 
+        # vLLM admits a waiting request only while its running requests and
+        # waiting sessions (parked requests are not counted) leave room.
+        active = (len(sched.running) + sched.num_waiting_for_streaming_input
+                  - sched.fork_join.num_parked)
         return Holdings(slots=slots, free_slots=sched.max_num_running_reqs - len(sched.running),
+                        room=max(0, sched.max_num_active_reqs - active),
                         child_families=child_families, blocks=blocks,
                         running=self._running_entries)
 

@@ -223,7 +223,7 @@ class SeqHooksMixin:
         self.kv_pressure.maybe_spill()
         if fj.children:
             self.kv_pressure.order_for_preemption()
-            if self.hooks.fair_share and self.waiting:
+            if self.hooks.fair_share:
                 self.fair_share.hold_over_share()
         # vLLM counts parked streaming sessions as holding a model-runner
         # slot. Parked parents do not: the worker dropped their state when

@@ -59,6 +59,7 @@ SCHEDULER_ATTRIBUTES = (
     "max_model_len",
     "block_size",
     "max_num_running_reqs",
+    "max_num_active_reqs",
     "use_v2_model_runner",
     "vllm_config",
     "hash_block_size",
