@@ -1,8 +1,8 @@
 """Hooks cost what changed: which requests get hook work in a step.
 
 Counted, not timed (issue 20): the hook scheduler's per-request path
-(``_after_append``: charge, scan, apply, after vLLM appended the step's
-tokens) runs only for requests that have hook work in that step; a step in which no request has any is served
+(``Sampling.after_append``: charge, scan, apply, after vLLM appended the
+step's tokens) runs only for requests that have hook work in that step; a step in which no request has any is served
 by vLLM's own ``_update_request_with_output`` for every request.
 """
 
@@ -31,7 +31,7 @@ def _count_hook_work(h: SchedHarness) -> list[list[str]]:
     """Per update_from_output, the request ids given the hook path."""
     sched = h.sched
     steps: list[list[str]] = []
-    inner = sched._after_append
+    inner = sched.sampling.after_append
     orig_update = sched.update_from_output
 
     def update(*args, **kwargs):
@@ -42,7 +42,7 @@ def _count_hook_work(h: SchedHarness) -> list[list[str]]:
         steps[-1].append(st.request.request_id)
         return inner(st, *args)
 
-    sched._after_append = watched
+    sched.sampling.after_append = watched
     sched.update_from_output = update
     return steps
 

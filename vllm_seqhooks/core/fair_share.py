@@ -2,12 +2,15 @@
 which running children to preempt, so that one family cannot starve other
 requests.
 
-Pure Python, no vLLM import. The scheduler gives, each step, an entry per
-waiting request and what the running and parked requests hold
-(:class:`Holdings`: counts per family, blocks and running entries only when
-asked); :class:`StepShare` works out the preemptions and each waiting
-family's hold once, and vLLM's admission asks it per child it reaches.
-:func:`plan` is the same policy over whole queues, one entry per request.
+Pure Python, no vLLM import. The scheduler gives, each step, the waiting
+requests as an index kept through the queue's changes
+(:class:`~vllm_seqhooks.core.waiting_index.WaitingIndex`: counts by family
+and priority; the entries one by one only when asked) and what the running
+and parked requests hold (:class:`Holdings`: counts per family, blocks and
+running entries only when asked); :class:`StepShare` works out the
+preemptions and the holds of the children admission may reach, once per
+family, and vLLM's admission asks it per child it reaches. :func:`plan` is
+the same policy over whole queues, one entry per request.
 
 A *family* is a request and its descendants; a request without hooks is a
 family of one. Children are queued ahead of requests that have not started
@@ -182,11 +185,11 @@ def _most_urgent(waiting: Sequence[Entry], max_blocks: int | None = None) -> _Mo
 
 
 class StepShare:
-    """One step's fair share, from the waiting requests' entries (queue
-    order) and what the running and parked requests hold: the share of
-    slots and blocks, the children to preempt now, and whether a waiting
-    child is held back (decided once per family and priority, asked per
-    child as vLLM's admission reaches it).
+    """One step's fair share, from the waiting requests (their index) and
+    what the running and parked requests hold: the share of slots and
+    blocks, the children to preempt now, and whether a waiting child is
+    held back (decided once per family and priority, asked per child as
+    vLLM's admission reaches it).
 
     Holds are decided on the holdings before this step's preemptions (a
     preempted child is held back too: the engine keeps it out); a family's
@@ -215,9 +218,7 @@ class StepShare:
         # requests that a share of the blocks can hold.
         self._urgent = waiting
         self._urgent_fitting: _MostUrgent | None = None
-        # Each waiting family's holds, decided now, on what is held before
-        # the step (vLLM allocates blocks to running requests before it
-        # reaches the waiting ones); asked per child as admission reaches it.
+        # Holds by (family, priority), asked per child as admission reaches it.
         self._memo: dict[tuple[str, int], bool] = {}
         forks = [forked_after.get(f) for f in held.child_families] if forked_after else []
         forks = [n for n in forks if n is not None] or [0]

@@ -15,11 +15,11 @@ A request's life (see docs/lifecycle.md):
   parents spilled under KV pressure (:mod:`.kv_pressure`), over-share
   children held back (:mod:`.fair_share`), join prefill and fork cache hits
   counted (:mod:`.accounting`);
-* ``_update_request_with_output``: what it sampled is cut at a parking tag
-  (:mod:`.speculative`) and to its family's budget, scanned
-  (:mod:`vllm_seqhooks.formats`), and a closed payload or a fork spawns
-  children (:mod:`.spawning`); ``<sync>`` with open children, or its end,
-  parks it (:mod:`.parking`);
+* ``_update_request_with_output``: a step with hook work (:mod:`.sampling`)
+  cuts what it sampled at a parking tag (:mod:`.speculative`) and to its
+  family's budget, scans it (:mod:`vllm_seqhooks.formats`), and a closed
+  payload or a fork spawns children (:mod:`.spawning`); ``<sync>`` with
+  open children, or its end, parks it (:mod:`.parking`);
 * ``update_from_output``: children's outputs stay in EngineCore; a parked
   parent whose children ended takes their merged outputs and resumes, or
   finishes with its trace (:mod:`.joins`).
@@ -54,16 +54,10 @@ from vllm_seqhooks.engine.metrics import ENV_DIR as METRICS_ENV_DIR
 from vllm_seqhooks.engine.metrics import HookMetrics
 from vllm_seqhooks.engine.parking import Parking
 from vllm_seqhooks.engine.spawning import Spawning
-from vllm_seqhooks.engine.speculative import Speculative, count_as_rejected
+from vllm_seqhooks.engine.sampling import Sampling
+from vllm_seqhooks.engine.speculative import Speculative
 from vllm_seqhooks.engine.splicing import Splicing
 from vllm_seqhooks.engine.state import ForkJoinState, HookState
-from vllm_seqhooks.formats.events import (
-    EndTagReached,
-    ForkReached,
-    PayloadClosed,
-    PromiseIgnored,
-    SyncReached,
-)
 
 vllm_private.check()
 
@@ -105,6 +99,7 @@ class SeqHooksMixin:
         self.spawning = Spawning(self)
         self.speculative = Speculative(self)
         self.parking = Parking(self)
+        self.sampling = Sampling(self)
         self.joins = Joins(self)
         self.kv_pressure = KVPressure(self)
         self.fair_share = FairShare(self)
@@ -283,139 +278,11 @@ class SeqHooksMixin:
             # the hooks' only if it stops and its stop is watched.
             if not st.watch_stop:
                 return self._vllm_update_request(request, new_token_ids, is_stale)
-            return self._update_watching_stop(st, new_token_ids, is_stale)
-        new_token_ids, stopped = self._update_watched(st, new_token_ids, is_stale)
+            return self.sampling.update_watching_stop(st, new_token_ids, is_stale)
+        new_token_ids, stopped = self.sampling.update_watched(st, new_token_ids, is_stale)
         if not st.charged_per_step:  # (else it stays loud)
             self.fork_join.refresh_quiet(st)
         return new_token_ids, stopped
-
-    def _update_watching_stop(self, st: HookState, new_token_ids: list[int],
-                              is_stale: bool) -> tuple[list[int], bool]:
-        """A quiet step of a request whose stop parks it or closes its
-        payload: vLLM's own work, then, if it stopped, the hooks'."""
-        request = st.request
-        start, offered = request.num_tokens, len(new_token_ids)
-        was_preempted = request.status == RequestStatus.PREEMPTED
-        kept, stopped = self._vllm_update_request(request, new_token_ids, is_stale)
-        if not stopped:
-            return kept, stopped
-        kept, stopped = self._after_append(st, kept, stopped, start, offered, was_preempted,
-                                           False, is_stale)
-        self.fork_join.refresh_quiet(st)
-        return kept, stopped
-
-    def _update_watched(self, st: HookState, new_token_ids: list[int],
-                        is_stale: bool) -> tuple[list[int], bool]:
-        """A step with hook work: cut, append (vLLM), charge, scan, apply."""
-        request = st.request
-        if st.draining:  # its end tag's KV is computed now: it ends there
-            self._end_at_tag(st)
-            self._finish_or_park(st)
-            return [], True
-        # 1. Cut what the request may not keep: tokens after a tag that
-        #    stops it (speculative decoding), tokens past its family's budget.
-        if st.scanner is not None and len(new_token_ids) > 1:
-            self.speculative.cut_after_parking_tag(st, new_token_ids, is_stale)
-        offered = len(new_token_ids)
-        over_budget = self.family_limits.trim_to_budget(st, new_token_ids)
-        start = request.num_tokens
-        was_preempted = request.status == RequestStatus.PREEMPTED
-        # 2. vLLM appends them and checks its own stops.
-        new_token_ids, stopped = self._vllm_update_request(request, new_token_ids, is_stale)
-        return self._after_append(st, new_token_ids, stopped, start, offered, was_preempted,
-                                  over_budget, is_stale)
-
-    def _after_append(self, st: HookState, new_token_ids: list[int], stopped: bool,
-                      start: int, offered: int, was_preempted: bool, over_budget: bool,
-                      is_stale: bool) -> tuple[list[int], bool]:
-        """After vLLM appended what a request kept of the ``offered`` tokens
-        (the first at ``start``): charge, scan, apply."""
-        request = st.request
-        self.family_limits.charge(st, len(new_token_ids))
-        if not stopped and (over_budget or self.family_limits.stops_member(st)):
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED  # its family stopped
-            stopped = True
-        if not new_token_ids:
-            # Nothing kept (its family's budget): it may stop with open children.
-            if stopped and st.scanner is not None and self.fork_join.tree.has_open_children(
-                    request.request_id):
-                if offered and not is_stale:
-                    count_as_rejected(request, offered)
-                self.parking.park(st, stopped_by_finish=True)
-            return new_token_ids, stopped
-        if stopped and len(new_token_ids) < offered and not is_stale:
-            # vLLM stopped at a token before the last (speculative decoding).
-            # A finished request never computes again, but one that parks for
-            # its children resumes from its frontier: count the tokens vLLM
-            # cut as rejected drafts.
-            count_as_rejected(request, offered - len(new_token_ids))
-        st.preempted_at_stop = was_preempted
-        if st.accounting is not None:
-            self.fork_join.accounting.pop(request.request_id, None)
-            st.accounting = None
-        if st.scanner is None:  # it cannot spawn: no open children either
-            return new_token_ids, stopped
-        # 3. Scan them and apply what they mean.
-        events = st.scan(new_token_ids, start)
-        parked = False
-        if events:
-            parked, stopped = self._apply_events(st, events, stopped)
-        if parked:
-            return new_token_ids, True
-        if stopped:
-            self._finish_or_park(st)
-        return new_token_ids, stopped
-
-    def _end_at_tag(self, st: HookState) -> None:
-        """A tag format's child finishes at its end tag, kept in its output."""
-        st.request.status = RequestStatus.FINISHED_STOPPED
-        st.request.stop_reason = self.hooks.child_end_tag
-        st.ended_by_tag = True
-
-    def _apply_events(self, st: HookState, events: list, stopped: bool) -> tuple[bool, bool]:
-        """Apply the scanner's ``events`` of a step: spawn children, park at
-        a ``<sync>`` or fork tag, end a child at its end tag.
-        Returns (parked, stopped)."""
-        request = st.request
-        tree = self.fork_join.tree
-        for ev in events:
-            if isinstance(ev, PayloadClosed):
-                self.spawning.spawn(st, ev)
-            elif isinstance(ev, PromiseIgnored):
-                self.spawning.ignore_promise(st, ev.pos, ev.reason)
-            elif isinstance(ev, ForkReached):
-                self.spawning.fork(st, ev)
-            elif isinstance(ev, EndTagReached) and not stopped and self.splicing.drains(
-                    request.request_id):
-                st.draining = True  # one more step computes the tag's KV
-                self.fork_join.set_quiet(st, None)
-                return False, False
-            elif isinstance(ev, EndTagReached) and not stopped:
-                # A child's end tag (the step's last token, see speculative):
-                # it finishes here, the tag kept in its output.
-                self._end_at_tag(st)
-                return False, True
-            if (isinstance(ev, (SyncReached, ForkReached))
-                    and tree.has_open_children(request.request_id)):
-                # The step's last token (see speculative); a fork joins when
-                # its children end.
-                if isinstance(ev, ForkReached):
-                    st.fork = ev
-                self.parking.park(st, stopped_by_finish=stopped)
-                return True, True
-        return False, stopped
-
-    def _finish_or_park(self, st: HookState) -> None:
-        """The request stopped: a payload still open spawns, and a request
-        with open children parks until they end."""
-        request = st.request
-        end = request.num_tokens
-        if request.status == RequestStatus.FINISHED_STOPPED:
-            end -= 1  # the EOS / stop token is not part of a payload
-        for ev in st.scanner.finish(end):
-            self.spawning.spawn(st, ev)
-        if self.fork_join.tree.has_open_children(request.request_id):
-            self.parking.park(st, stopped_by_finish=True)
 
     def _handle_stopped_request(self, request: Request) -> bool:
         fj = self.fork_join
