@@ -260,6 +260,7 @@ def test_shared_block_hashes_equal_vllms_own(child_prompt):
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
+    from vllm_seqhooks.core.join_plan import common_prefix
     from vllm_seqhooks.engine.vllm_private import share_block_hashes
     from vllm_seqhooks.testing.sched_setup import block_hasher
 
@@ -270,12 +271,13 @@ def test_shared_block_hashes_equal_vllms_own(child_prompt):
 
     parent = request("p", range(10, 50), block_hasher(4))
     assert len(parent.block_hashes) == 10
+    shared = common_prefix(child_prompt, list(range(10, 50)))  # (the spawn knows it)
     child = request("c", child_prompt, None)
-    share_block_hashes(child, parent, 4)
+    share_block_hashes(child, parent, 4, shared)
     assert child.block_hashes == request("fresh", child_prompt, block_hasher(4)).block_hashes
     unhashed_parent = request("q", range(10, 50), None)
     child = request("d", child_prompt, None)
-    share_block_hashes(child, unhashed_parent, 4)
+    share_block_hashes(child, unhashed_parent, 4, shared)
     assert child.block_hashes == [] and child._block_hasher is None
 
 

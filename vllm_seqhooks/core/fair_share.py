@@ -212,11 +212,10 @@ class StepShare:
         self.block_share = max(1, total_blocks // contenders)
         self._slots = held.slots
         self._blocks = _Blocks(held.blocks)
-        self._waiting = waiting
         # Whether another family waits as urgent: of any request (for
-        # slots), and (asked only if a hold depends on blocks) of the
-        # requests that a share of the blocks can hold.
-        self._urgent = waiting
+        # slots: the index answers), and (asked only if a hold depends on
+        # blocks) of the requests that a share of the blocks can hold.
+        self._waiting = waiting
         self._urgent_fitting: _MostUrgent | None = None
         # Holds by (family, priority), asked per child as admission reaches it.
         self._memo: dict[tuple[str, int], bool] = {}
@@ -259,7 +258,7 @@ class StepShare:
         if known is None:
             known = self._memo[key] = (
                 (self._slots.get(family, 0) >= self.share
-                 and self._urgent.others_wait(family, priority))
+                 and self._waiting.others_wait(family, priority))
                 or (self._blocks[family] > self.block_share
                     and self._fitting().others_wait(family, priority)))
         return known

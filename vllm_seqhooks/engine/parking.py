@@ -61,13 +61,12 @@ class Parking:
         """vLLM queued the parked ``request`` as a waiting streaming session
         (at the end of one of its waiting queues): it waits outside them."""
         sched = self.sched
-        for queue in (sched.kv_holding_waiting, sched.waiting):
-            if isinstance(queue, deque) and queue and queue[-1] is request:
-                queue.pop()
-                break
-            if not isinstance(queue, deque) and request in queue:  # (priority policy)
-                queue.remove_request(request)
-                break
+        # (the queue vLLM's _enqueue_waiting_request chose)
+        queue = sched.kv_holding_waiting if sched._holds_kv_blocks(request) else sched.waiting
+        if isinstance(queue, deque) and queue and queue[-1] is request:
+            queue.pop()  # (FCFS: it was just appended)
+        else:
+            queue.remove_request(request)
         sched.deferred_waiting.discard(request)
 
     def unpark_to_queue(self, request: Request) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
+from contextlib import contextmanager
 from itertools import chain
 from typing import Any, Iterable
 
@@ -224,14 +225,10 @@ class SeqHooksMixin:
         # slot. Parked parents do not: the worker dropped their state when
         # they parked (see parking.park). Counting them would keep their own
         # children out of the batch (deadlock with few slots).
-        parked = fj.num_parked
-        if parked:
-            self.num_waiting_for_streaming_input -= parked
         try:
-            out = super().schedule(*args, **kwargs)
+            with self._parked_not_waiting():
+                out = super().schedule(*args, **kwargs)
         finally:
-            if parked:
-                self.num_waiting_for_streaming_input += parked
             fj.share_step = None
         if self.splicing.maps or self.splicing.pending:
             self.splicing.attach(out)
@@ -339,10 +336,19 @@ class SeqHooksMixin:
         # subtracts as waiting streaming sessions: they do not count.
         fj = self.fork_join
         pending = len(fj.ready_joins) + len(fj.pending_outputs)
-        parked = fj.num_parked
+        with self._parked_not_waiting():
+            return super().get_num_unfinished_requests() + pending
+
+    @contextmanager
+    def _parked_not_waiting(self):
+        """vLLM counts its waiting streaming sessions as holding a slot and
+        as not unfinished; parked requests are counted there
+        (``num_waiting_for_streaming_input``) but hold no slot and wait
+        outside its queues: for the call inside, they are not counted."""
+        parked = self.fork_join.num_parked
         self.num_waiting_for_streaming_input -= parked
         try:
-            return super().get_num_unfinished_requests() + pending
+            yield
         finally:
             self.num_waiting_for_streaming_input += parked
 

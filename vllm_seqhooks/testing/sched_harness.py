@@ -105,6 +105,8 @@ def check_invariants(sched, scheduler_output=None) -> None:
     """
     from vllm.v1.request import RequestStatus
 
+    fork_join = getattr(sched, "fork_join", None)  # (absent on stock vLLM)
+    hook_states = fork_join.states if fork_join is not None else {}
     counts: dict[str, int] = {}
     for queue in (sched.running, sched.waiting, sched.kv_holding_waiting):
         for req in queue:
@@ -114,8 +116,7 @@ def check_invariants(sched, scheduler_output=None) -> None:
         if req.is_finished():
             continue
         n = counts.get(rid, 0)
-        fork_join = getattr(sched, "fork_join", None)  # (absent on stock vLLM)
-        st = fork_join.states.get(rid) if fork_join is not None else None
+        st = hook_states.get(rid)
         if st is not None and st.parked:
             if n:
                 problems.append(f"{rid} is parked and in {n} scheduler queues")

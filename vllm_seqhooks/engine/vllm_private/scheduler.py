@@ -15,6 +15,7 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_handle_stopped_request", ("self", "request")),
     ("_update_request_as_session", ("self", "session", "update")),
     ("_enqueue_waiting_request", ("self", "request")),
+    ("_holds_kv_blocks", ("request",)),
     ("_free_request_blocks", ("self", "request")),
     ("_free_request", ("self", "request", "delay_free_blocks")),
     ("_free_blocks", ("self", "request")),
@@ -215,30 +216,21 @@ def _block_hasher_problems() -> list[str]:
     return found
 
 
-def share_block_hashes(child, parent, hash_block_size: int,
-                       shared_tokens: int | None = None) -> None:
+def share_block_hashes(child, parent, hash_block_size: int, shared_tokens: int) -> None:
     """Give ``child`` (built with ``block_hasher=None``) its parent's block
-    hasher and the block hashes of the whole blocks its prompt shares with
-    the parent's tokens (``shared_tokens``: at least that many first tokens
-    are the same, when known; else the blocks are compared), then hash only
-    the rest, as vLLM would have hashed the whole prompt (the same tokens,
-    LoRA and cache salt give the same chained hashes). A parent with
-    multimodal features or prompt embeddings (extra hash keys the child
-    does not have) shares none."""
+    hasher and the block hashes of the whole blocks among the
+    ``shared_tokens`` first tokens its prompt shares with the parent's
+    tokens, then hash only the rest, as vLLM would have hashed the whole
+    prompt (the same tokens, LoRA and cache salt give the same chained
+    hashes). A parent with multimodal features or prompt embeddings (extra
+    hash keys the child does not have) shares none."""
     hasher = parent._block_hasher
     if hasher is None:
         return
     child._block_hasher = hasher
     shared = 0
     if not parent.mm_features and parent.prompt_embeds is None:
-        if shared_tokens is not None:
-            shared = min(len(parent.block_hashes), shared_tokens // hash_block_size)
-        else:
-            shared = min(len(parent.block_hashes),
-                         len(child.prompt_token_ids) // hash_block_size)
-            end = shared * hash_block_size
-            if shared and parent._all_token_ids[:end] != child.prompt_token_ids[:end]:
-                shared = 0
+        shared = min(len(parent.block_hashes), shared_tokens // hash_block_size)
     child.block_hashes = parent.block_hashes[:shared]
     child.update_block_hashes()
 
