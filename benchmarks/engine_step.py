@@ -9,6 +9,9 @@ each child writes 32 tokens) at b families at once, through:
 
 * ``native``: ``vllm_seqhooks.LLM`` with hooks (families grouped in the V1
   model runner's batch);
+* ``pairwise``: the ``native`` engine grouping families pair by pair with
+  vLLM's ``swap_states`` (how it was grouped before the one-pass
+  permutation of ``vllm_private.input_batch``; the same moves);
 * ``arrival``: the same with ``batch_order="arrival"`` (vLLM's own batch
   order: the reorder's cost without the family grouping);
 * ``loop``: the event-driven client loop over stock ``vllm.LLM``.
@@ -30,12 +33,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import Bench, interleaved, spread
 
-CONFIGS = ("native", "arrival", "loop")
+CONFIGS = ("native", "pairwise", "arrival", "loop")
 SHAPE = dict(context=256, k=4, payload=4, continuation=16, child_tokens=32)
 
 
@@ -68,7 +72,10 @@ def run(bench: Bench, sizes: list[int], repeats: int) -> dict[str, Any]:
 
         def one(config: str, r: int) -> dict[str, float]:
             fams = fams_by_repeat.setdefault(r, forkjoin.families(point, r, sep))
-            return _per_step(forkjoin.run_one(bench, config, fams))
+            if config != "pairwise":
+                return _per_step(forkjoin.run_one(bench, config, fams))
+            with _pair_by_pair():
+                return _per_step(forkjoin.run_one(bench, "native", fams))
 
         runs = interleaved(list(CONFIGS), repeats, one)
         out: dict[str, Any] = {}
@@ -83,6 +90,13 @@ def run(bench: Bench, sizes: list[int], repeats: int) -> dict[str, Any]:
         out["family reorder us per step"] = spread([
             a["reorder_us_per_step"] - b_["reorder_us_per_step"]
             for a, b_ in zip(runs["native"], runs["arrival"])])
+        out["pairwise family reorder us per step"] = spread([
+            a["reorder_us_per_step"] - b_["reorder_us_per_step"]
+            for a, b_ in zip(runs["pairwise"], runs["arrival"])])
+        out["family reorder one pass / pairwise"] = spread([
+            (a["reorder_us_per_step"] - c["reorder_us_per_step"])
+            / max(1e-9, b_["reorder_us_per_step"] - c["reorder_us_per_step"])
+            for a, b_, c in zip(runs["native"], runs["pairwise"], runs["arrival"])])
         points[b] = out
         bench.log(f"  b{b}: scheduler us/request-step native "
                   f"{out['native']['scheduler_us_per_request_step']['median']:.1f} loop "
@@ -90,6 +104,19 @@ def run(bench: Bench, sizes: list[int], repeats: int) -> dict[str, Any]:
                   f"us/step native {out['native']['reorder_us_per_step']['median']:.0f} "
                   f"arrival {out['arrival']['reorder_us_per_step']['median']:.0f}")
     return {"repeats": repeats, "shape": SHAPE, "points": points}
+
+
+@contextmanager
+def _pair_by_pair():
+    """The in-process native engine's batch grouped with swap_states only."""
+    from vllm_seqhooks.engine.vllm_private import input_batch
+
+    saved = input_batch.ONE_PASS_FROM
+    input_batch.ONE_PASS_FROM = 1 << 30
+    try:
+        yield
+    finally:
+        input_batch.ONE_PASS_FROM = saved
 
 
 def _m(s: dict[str, float], nd: int = 0) -> str:
@@ -117,11 +144,14 @@ def report(results: dict[str, Any], command: str, env: dict[str, Any]) -> str:
                 f"{_m(p['scheduler_us_per_request_step'], 1)} | "
                 f"{_m(p['reorder_us_per_step'])} | {'yes' if p['correct'] else 'NO'} |")
     lines += ["", "| families | native / loop, scheduler µs per request-step | "
-              "family grouping, µs per step (native − arrival reorder) |",
-              "| ---: | ---: | ---: |"]
+              "family grouping, µs per step (native − arrival reorder) | "
+              "pair by pair (pairwise − arrival) | one pass / pair by pair |",
+              "| ---: | ---: | ---: | ---: | ---: |"]
     for b, point in results["points"].items():
         lines.append(f"| {b} | {_m(point['native/loop per request-step'], 2)} | "
-                     f"{_m(point['family reorder us per step'])} |")
+                     f"{_m(point['family reorder us per step'])} | "
+                     f"{_m(point['pairwise family reorder us per step'])} | "
+                     f"{_m(point['family reorder one pass / pairwise'], 3)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from vllm_seqhooks.core.batch_order import family_of, grouping_swaps
+from vllm_seqhooks.core.batch_order import FamilyGrouping, family_of, moves_as_swaps
 from vllm_seqhooks.core.request_tree import CHILD_ID_MARKER as M
 
 
@@ -16,6 +16,16 @@ def apply(ids, swaps):
     for i, j in swaps:
         ids[i], ids[j] = ids[j], ids[i]
     return ids
+
+
+def grouping_swaps(ids):
+    moves = FamilyGrouping().moves(ids)
+    return [] if moves is None else moves_as_swaps(moves)
+
+
+def moved_rows(ids):
+    moves = FamilyGrouping().moves(ids)
+    return [] if moves is None else moves[0]
 
 
 def test_family_of_strips_every_child_level():
@@ -52,44 +62,83 @@ def grouped(families, size):
     return [f"{f}{M}{k}" for f in families for k in range(size)]
 
 
-def test_a_request_entering_costs_one_swap_per_block_it_crosses():
+def test_a_request_entering_moves_one_request_per_block_it_crosses():
     """The V1 runner appends a new request at the end of the batch (or puts
     it in the hole a finished one left): its family's block grows by one
-    and each block after it moves by one, one swap each; members already in
-    their block stay."""
+    and each block after it moves by one, one request each; members already
+    in their block stay."""
     ids = grouped("abcd", 3) + [f"a{M}9"]
-    swaps = grouping_swaps(ids)
-    assert len(swaps) == 3
-    assert [f for f, _ in blocks(apply(ids, swaps))] == list("abcd")
+    assert len(moved_rows(ids)) == 4
+    assert len(grouping_swaps(ids)) == 3
+    assert [f for f, _ in blocks(apply(ids, grouping_swaps(ids)))] == list("abcd")
     # b's middle member finished; the runner moved d's last member into the hole
     ids = grouped("abcd", 3)
     ids[4] = ids.pop()
-    swaps = grouping_swaps(ids)
-    assert len(swaps) == 2
-    assert [f for f, _ in blocks(apply(ids, swaps))] == list("abcd")
+    assert len(grouping_swaps(ids)) == 2
+    assert [f for f, _ in blocks(apply(ids, grouping_swaps(ids)))] == list("abcd")
 
 
-@pytest.mark.parametrize("seed", range(50))
-def test_random_batches_end_contiguous(seed):
+def test_moves_and_their_swaps_are_one_permutation():
+    rng = random.Random(7)
+    for _ in range(200):
+        ids = [f"f{rng.randrange(6)}{M}{k}" for k in range(rng.randint(0, 30))]
+        moves = FamilyGrouping().moves(ids)
+        if moves is None:
+            assert len(blocks(ids)) == len({family_of(r) for r in ids})
+            continue
+        dst, src = moves
+        assert sorted(dst) == sorted(src)  # a permutation of these rows
+        by_moves = list(ids)
+        for d, s in zip(dst, src):
+            by_moves[d] = ids[s]
+        assert apply(ids, moves_as_swaps(moves)) == by_moves
+        # every cycle of k rows is k - 1 swaps
+        assert len(moves_as_swaps(moves)) < len(dst)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_kept_grouping_decides_as_a_fresh_one(seed):
+    """Step after step (requests entering at the end or in a finished one's
+    hole, the last moved into a hole, an equal id in a new string object),
+    the grouping that remembers the last batch moves exactly what one that
+    reads the whole batch afresh moves, and the batch ends grouped."""
     rng = random.Random(seed)
-    fams = [f"r{i}" for i in range(rng.randint(1, 8))]
-    ids = []
-    for f in fams:
-        ids.append(f)
-        ids += [f"{f}{M}{k}" for k in range(rng.randint(0, 4))]
-    rng.shuffle(ids)
-    swaps = grouping_swaps(ids)
-    out = apply(ids, swaps)
-    assert sorted(out) == sorted(ids)
-    runs = [f for f, _ in blocks(out)]
-    assert len(runs) == len(set(runs))  # every family is one run
-    # Only members outside their family's final block move, each swap
-    # placing at least one.
-    owner = [family_of(r) for r in out]
-    misplaced = sum(family_of(r) != owner[i] for i, r in enumerate(ids))
-    assert len(swaps) <= misplaced
-    moved = {i for swap in swaps for i in swap}
-    assert all(family_of(ids[i]) != owner[i] for i in moved)
+    kept = FamilyGrouping(forget_after=60)
+    ids: list[str] = []
+    serial = 0
+    for _ in range(120):
+        for _ in range(rng.randint(0, 4)):  # finished: the runner condenses
+            if ids:
+                hole = rng.randrange(len(ids))
+                last = ids.pop()
+                if hole < len(ids):
+                    ids[hole] = last
+        for _ in range(rng.randint(0, 5)):
+            serial += 1
+            ids.append(f"r{rng.randrange(8)}{M}{serial}")
+        if ids and rng.random() < 0.2:  # the same id, another object
+            k = rng.randrange(len(ids))
+            ids[k] = "".join(list(ids[k]))
+        moves = kept.moves(ids)
+        fresh = FamilyGrouping().moves(ids)
+        assert (moves is None) == (fresh is None)
+        if moves is not None:  # the same permutation (listed by family codes)
+            assert dict(zip(*moves)) == dict(zip(*fresh))
+        if moves is not None:
+            ids = apply(ids, moves_as_swaps(moves))
+        assert len(blocks(ids)) == len({family_of(r) for r in ids})
+
+
+def test_family_codes_are_remembered_and_forgotten_in_bulk():
+    grouping = FamilyGrouping(forget_after=4)
+    ids = ["a", f"b{M}0", f"a{M}0", "b"]
+    codes = grouping.codes(ids)
+    assert codes[0] == codes[2] != codes[1] == codes[3]
+    assert grouping.codes(ids) == codes
+    grouping.codes(["c", "d"])  # past forget_after: starts afresh, still right
+    again = grouping.codes(ids)
+    assert again[0] == again[2] != again[1] == again[3]
+    assert len(grouping._code_of_request) <= 6
 
 
 def test_batch_order_setting_is_validated():
@@ -130,6 +179,7 @@ class _FakeRunner:
 
         self.vllm_config = SimpleNamespace(additional_config=additional_config)
         self.kv_cache_config = SimpleNamespace(kv_cache_groups=[])  # vLLM's part returns early
+        self.num_spec_tokens = 0
         self.input_batch = _FakeBatch(ids)
 
 
@@ -177,7 +227,7 @@ def _real_input_batch():
 
 def test_v1_runner_regroups_only_when_a_request_entered_or_moved(monkeypatch):
     """On vLLM's own InputBatch: a step in which no request entered the
-    batch and none was moved swaps nothing and reads no request id; a
+    batch and none was moved moves nothing and reads no request id; a
     request that entered, or one the runner moved into a hole, is grouped
     with its family at the next reorder."""
     import vllm_seqhooks.engine.worker  # noqa: F401 - importing installs the hook
@@ -186,17 +236,16 @@ def test_v1_runner_regroups_only_when_a_request_entered_or_moved(monkeypatch):
     batch, add = _real_input_batch()
     runner = _FakeRunner({"seqhooks": {"sync_token_id": 1, "promise_token_id": 2}}, [])
     runner.input_batch = batch
-    swaps = []
-    real_swap = type(batch).swap_states
-    monkeypatch.setattr(type(batch), "swap_states",
-                        lambda self, i, j: (swaps.append((i, j)), real_swap(self, i, j)))
 
     def step():
-        swaps.clear()
+        """The pairs the grouping exchanged (as recorded for the logits
+        processors, in one pass or pair by pair)."""
         batch.condense()
+        before = len(batch.batch_update_builder.moved)
         GPUModelRunner._may_reorder_batch(runner, None)
+        swaps = len(batch.batch_update_builder.moved) - before
         batch.refresh_metadata()  # what the runner does next: the step's changes are spent
-        return len(swaps)
+        return swaps
 
     for rid in ["a", "b", "c", f"a{M}0", f"b{M}0", f"c{M}0"]:
         add(rid)
@@ -206,14 +255,13 @@ def test_v1_runner_regroups_only_when_a_request_entered_or_moved(monkeypatch):
     monkeypatch.setattr(type(batch), "req_ids", property(lambda self: pytest.fail("read")))
     assert step() == 0  # nothing changed: the ids are not even read
     monkeypatch.undo()
-    monkeypatch.setattr(type(batch), "swap_states",
-                        lambda self, i, j: (swaps.append((i, j)), real_swap(self, i, j)))
     add(f"a{M}1")  # appended after c's block
     assert step() == 2
     assert [f for f, _ in blocks(batch.req_ids)] == list("abc")
+    assert all(batch.req_id_to_index[rid] == i for i, rid in enumerate(batch.req_ids))
     batch.remove_request(f"b{M}0")  # the runner moves the last request into its hole
     assert step() <= 1
-    assert [f for f, _ in blocks(batch.req_ids)] == list("abc")
+    assert sorted(f for f, _ in blocks(batch.req_ids)) == list("abc")  # each family one run
 
 
 def test_engines_with_hooks_load_the_worker_extension():

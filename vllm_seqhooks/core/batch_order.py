@@ -13,23 +13,30 @@ attention call replayed with its rows reordered): interleaved 10.0 ms per
 layer, families grouped 5.0 ms (``python -m benchmarks.attention_order``;
 docs/benchmarks/attention_order.md and README.md).
 
-:func:`grouping_swaps` computes the swaps that group a batch by family
-(the top-level request and all its descendants), leaving each family's
-block where most of it already is and moving only members outside their
-family's block. ``vllm_private.install_family_batch_order`` applies them in the V1
-model runner's persistent batch before each step in which a request entered
-it or was moved. The V2 model runner has no persistent batch: it orders each
-step's requests as the scheduler output lists them (stably sorted, decodes
-first), so the scheduler keeps its running requests in arrival order (a
-child arrives at its parent's time), moving only those that joined in the
-step (:func:`keep_families_together`). No vLLM import here.
+:class:`FamilyGrouping` computes the permutation that groups a batch by
+family (the top-level request and all its descendants), leaving each
+family's block where most of it already is and moving only members outside
+their family's block. ``vllm_private.install_family_batch_order`` applies it
+to the V1 model runner's persistent batch before each step in which a
+request entered it or was moved: in one pass over the batch's arrays
+(``vllm_private.input_batch``), so that a step costs about the same whether
+one request or fifty move (vLLM's ``swap_states``, one pair at a time, cost
+~13 µs a pair on this CPU, and a batch in which every family grew by one
+needs about one swap per request). The V2 model runner has no persistent
+batch: it orders each step's requests as the scheduler output lists them
+(stably sorted, decodes first), so the scheduler keeps its running requests
+in arrival order (a child arrives at its parent's time), moving only those
+that joined in the step (:func:`keep_families_together`). No vLLM import
+here.
 """
 
 from __future__ import annotations
 
 from bisect import insort
-from collections.abc import Iterable, Sequence
-from operator import attrgetter
+from collections import Counter
+from collections.abc import Iterable
+from itertools import compress
+from operator import attrgetter, is_not, ne
 
 from vllm_seqhooks.core.request_tree import CHILD_ID_MARKER
 
@@ -39,58 +46,122 @@ def family_of(request_id: str) -> str:
     return request_id.split(CHILD_ID_MARKER, 1)[0]
 
 
-def grouping_swaps(request_ids: Sequence[str]) -> list[tuple[int, int]]:
-    """Swaps ``(i, j)``, applied in order, that make every family contiguous.
+#: A batch permutation: position ``dst[k]`` takes the request at ``src[k]``
+#: (positions not listed keep theirs).
+Moves = tuple[list[int], list[int]]
+
+
+class FamilyGrouping:
+    """The moves that make every family contiguous in one batch, step after
+    step. It reads, of each step's batch, only the positions whose request
+    changed since it last saw it (found by identity, without reading the
+    ids), and keeps each request's family as a small integer."""
+
+    def __init__(self, forget_after: int = 8192) -> None:
+        self._code_of_request: dict[str, int] = {}
+        self._code_of_family: dict[str, int] = {}
+        self._forget_after = forget_after
+        #: The batch after the last moves, and its codes.
+        self._ids: list[str] = []
+        self._codes: list[int] = []
+
+    def moves(self, request_ids: list[str]) -> Moves | None:
+        """The moves that group ``request_ids`` by family, or None when
+        every family is one run already (see :func:`grouping_moves`)."""
+        codes, kept = self._read(request_ids)
+        # The last batch was grouped (it is remembered after its moves): if
+        # every request that changed took the place of one of its own family
+        # (none past its end), so is this one.
+        moves = None if kept else grouping_moves(codes)
+        ids = list(request_ids)
+        if moves is not None:
+            dst, src = moves
+            taken = [ids[i] for i in src]
+            taken_codes = [codes[i] for i in src]
+            for i, rid, code in zip(dst, taken, taken_codes):
+                ids[i] = rid
+                codes[i] = code
+        self._ids, self._codes = ids, codes
+        return moves
+
+    def codes(self, request_ids: list[str]) -> list[int]:
+        """Each request's family as an integer (the same for one family)."""
+        return self._read(request_ids)[0]
+
+    def _read(self, request_ids: list[str]) -> tuple[list[int], bool]:
+        """The codes, and whether each position that changed since the last
+        batch holds a member of the same family as before (none added)."""
+        known = self._code_of_request
+        if len(known) > self._forget_after:  # finished requests accumulate
+            known.clear()
+            self._code_of_family.clear()
+            self._ids, self._codes = [], []
+        n = len(request_ids)
+        seen = self._ids
+        codes = self._codes[:n]
+        codes += [-1] * (n - len(codes))  # past the last batch's end: changed
+        kept = True
+        changed = list(compress(range(n), map(is_not, request_ids, seen)))
+        changed += range(min(n, len(seen)), n)
+        families = self._code_of_family
+        for pos in changed:
+            rid = request_ids[pos]
+            code = known.get(rid)
+            if code is None:
+                code = known[rid] = families.setdefault(family_of(rid), len(families))
+            if code != codes[pos]:
+                codes[pos] = code
+                kept = False
+        return codes, kept
+
+
+def grouping_moves(codes: list[int]) -> Moves | None:
+    """The moves that make every family (equal codes) contiguous, or None
+    when every family is one run already.
 
     Each family gets a block where its longest run of members already is
-    (blocks in the order of those runs), a member already inside its
-    family's block stays there, and each swap puts at least one member into
-    its block (members of a family may change places among themselves). So
-    a request that enters the batch, or that the runner moves into the hole
-    a finished one left, costs about one swap per block between where it
-    landed and its family. Empty when the batch is already grouped.
-    """
-    families = [family_of(rid) for rid in request_ids]
-    order = _block_order(families)
-    if order is None:
-        return []
-    owner = [family for family, size in order for _ in range(size)]
-    misplaced = [pos for pos, family in enumerate(families) if family != owner[pos]]
-    # For each family, the slots of its block that another family's member holds.
-    free: dict[str, list[int]] = {}
-    for pos in misplaced:
-        free.setdefault(owner[pos], []).append(pos)
-    swaps: list[tuple[int, int]] = []
-    for pos in misplaced:
-        while families[pos] != owner[pos]:
-            slots = free[families[pos]]
-            dest = slots.pop()
-            while families[dest] == owner[dest]:  # filled since it was listed
-                dest = slots.pop()
-            swaps.append((pos, dest))
-            families[pos], families[dest] = families[dest], families[pos]
-    return swaps
-
-
-def _block_order(families: Sequence[str]) -> list[tuple[str, int]] | None:
-    """(family, size) in the order of each family's longest run of adjacent
-    members (its first such run), or None when every family is one run."""
-    sizes: dict[str, int] = {}
-    longest: dict[str, tuple[int, int]] = {}  # family -> (-length, start)
-    runs = 0
-    start = 0
-    for pos, family in enumerate(families):
-        sizes[family] = sizes.get(family, 0) + 1
-        if pos + 1 == len(families) or families[pos + 1] != family:
-            runs += 1
-            run = (start - pos - 1, start)
-            if run < longest.get(family, (1, 0)):
-                longest[family] = run
-            start = pos + 1
-    if runs == len(sizes):
+    (its first such run; blocks in the order of those runs), a member inside
+    its family's block stays, and the members outside it fill the block's
+    other slots in order. So a request that enters the batch, or that the
+    runner moves into the hole a finished one left, moves with one request
+    per block between where it landed and its family."""
+    n = len(codes)
+    if n < 3:
         return None
-    return [(family, sizes[family])
-            for family in sorted(sizes, key=lambda family: longest[family][1])]
+    starts = [0]
+    starts += [i for i in range(1, n) if codes[i] != codes[i - 1]]
+    sizes = Counter(codes)
+    if len(starts) == len(sizes):
+        return None
+    best: dict[int, tuple[int, int]] = {}  # family -> (-length, start)
+    for start, end in zip(starts, [*starts[1:], n]):
+        family = codes[start]
+        run = (start - end, start)
+        if run < best.get(family, (1, 0)):
+            best[family] = run
+    owner: list[int] = []
+    for family in sorted(best, key=lambda f: best[f][1]):
+        owner += [family] * sizes[family]
+    misplaced = list(compress(range(n), map(ne, codes, owner)))
+    return (sorted(misplaced, key=owner.__getitem__),
+            sorted(misplaced, key=codes.__getitem__))
+
+
+def moves_as_swaps(moves: Moves) -> list[tuple[int, int]]:
+    """The same permutation as pairwise swaps ``(i, j)``, applied in order:
+    one fewer than the requests moved in each cycle."""
+    dst, src = moves
+    takes_from = dict(zip(dst, src))
+    swaps: list[tuple[int, int]] = []
+    for start in dst:
+        pos = takes_from.pop(start, None)
+        if pos is None:
+            continue
+        swaps.append((start, pos))
+        while (nxt := takes_from.pop(pos)) != start:
+            swaps.append((pos, nxt))
+            pos = nxt
+    return swaps
 
 
 def keep_families_together(running: list, joined: Iterable[str], in_order: bool) -> None:

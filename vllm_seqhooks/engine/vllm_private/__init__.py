@@ -9,6 +9,7 @@ misbehaving at run time. The patches that wrap private methods are
 implemented here too; they are listed, and installed, by
 :mod:`vllm_seqhooks.engine.patches`. One module per side of vLLM:
 :mod:`.scheduler`, :mod:`.runner` (the model runners, in worker processes),
+:mod:`.input_batch` (the V1 runner's persistent batch permuted in one pass),
 :mod:`.cpu_seeds` (seeded split prefills on the V1 CPU runner),
 :mod:`.frontend`, and :mod:`.ray_on_cpu` (a test-only switch that lets the CPU
 platform run vLLM's Ray executor).
@@ -21,6 +22,10 @@ from vllm_seqhooks.engine.vllm_private.common import (
     VllmPrivateAPIError,
 )
 from vllm_seqhooks.engine.vllm_private.cpu_seeds import cpu_seed_problems, install_cpu_seed_fix
+from vllm_seqhooks.engine.vllm_private.input_batch import (
+    input_batch_problems,
+    permute_input_batch,
+)
 from vllm_seqhooks.engine.vllm_private.frontend import (
     input_processor_problems,
     install_per_completion_traces,
@@ -58,7 +63,8 @@ __all__ = [
     "PINNED_VLLM_VERSION", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "adopt_block_hashes",
     "allocate_join_blocks",
     "check",
-    "children_first_queue", "copy_kv_slots", "hit_with_partial_block", "cpu_seed_problems", "input_processor_problems",
+    "children_first_queue", "copy_kv_slots", "hit_with_partial_block", "cpu_seed_problems",
+    "input_batch_problems", "input_processor_problems", "permute_input_batch",
     "install_cpu_seed_fix",
     "install_family_batch_order", "install_ray_on_cpu", "ray_on_cpu_problems",
     "ray_on_cpu_requested", "install_per_completion_traces", "install_request_validator",

@@ -44,6 +44,9 @@ def model_runner_problems() -> list[str]:
     src = inspect.getsource(GPUModelRunner._update_states)
     if "self._may_reorder_batch(" not in src:
         found.append("GPUModelRunner._update_states no longer calls _may_reorder_batch")
+    # The most draft tokens a row of the batch holds (bounds what moves).
+    if "self.num_spec_tokens = " not in inspect.getsource(GPUModelRunner.__init__):
+        found.append("GPUModelRunner no longer keeps num_spec_tokens")
     # What entered or moved in the batch this step, read before regrouping.
     for name in BATCH_CHANGE_LISTS:
         if name not in BatchUpdateBuilder.__annotations__:
@@ -85,6 +88,7 @@ def v2_model_runner_problems() -> list[str]:
 
 _FAMILY_ORDER_MARK = "_seqhooks_family_order"
 _BACKEND_MOVED = "_seqhooks_backend_moved"
+_GROUPING = "_seqhooks_family_grouping"
 
 
 def install_family_batch_order() -> bool:
@@ -101,7 +105,8 @@ def install_family_batch_order() -> bool:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY
-    from vllm_seqhooks.core.batch_order import grouping_swaps
+    from vllm_seqhooks.core.batch_order import FamilyGrouping
+    from vllm_seqhooks.engine.vllm_private import input_batch
 
     original = GPUModelRunner._may_reorder_batch
     if getattr(original, _FAMILY_ORDER_MARK, False):
@@ -127,8 +132,12 @@ def install_family_batch_order() -> bool:
         # entered it, the runner moved one (condense), or the attention
         # backend's own reordering moved some after ours.
         if changes.added or changes.moved or self.__dict__.get(_BACKEND_MOVED):
-            for i, j in grouping_swaps(batch.req_ids[: batch.num_reqs]):
-                batch.swap_states(i, j)
+            grouping = self.__dict__.get(_GROUPING)
+            if grouping is None:
+                grouping = self.__dict__[_GROUPING] = FamilyGrouping()
+            moves = grouping.moves(batch.req_ids[: batch.num_reqs])
+            if moves is not None:
+                input_batch.permute_input_batch(batch, moves, self.num_spec_tokens)
         ours = len(changes.moved)
         try:
             return original(self, scheduler_output)
