@@ -106,7 +106,7 @@ def install_family_batch_order() -> bool:
 
     from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY
     from vllm_seqhooks.core.batch_order import FamilyGrouping
-    from vllm_seqhooks.engine.vllm_private import input_batch
+    from vllm_seqhooks.engine.vllm_private.input_batch import permute_input_batch
 
     original = GPUModelRunner._may_reorder_batch
     if getattr(original, _FAMILY_ORDER_MARK, False):
@@ -137,7 +137,7 @@ def install_family_batch_order() -> bool:
                 grouping = self.__dict__[_GROUPING] = FamilyGrouping()
             moves = grouping.moves(batch.req_ids[: batch.num_reqs])
             if moves is not None:
-                input_batch.permute_input_batch(batch, moves, self.num_spec_tokens)
+                permute_input_batch(batch, moves, self.num_spec_tokens)
         ours = len(changes.moved)
         try:
             return original(self, scheduler_output)
