@@ -129,7 +129,7 @@ def grouping_moves(codes: list[int]) -> Moves | None:
     if n < 3:
         return None
     starts = [0]
-    starts += [i for i in range(1, n) if codes[i] != codes[i - 1]]
+    starts += compress(range(1, n), map(ne, codes[1:], codes))
     sizes = Counter(codes)
     if len(starts) == len(sizes):
         return None
