@@ -18,11 +18,11 @@ family (the top-level request and all its descendants), leaving each
 family's block where most of it already is and moving only members outside
 their family's block. ``vllm_private.install_family_batch_order`` applies it
 to the V1 model runner's persistent batch before each step in which a
-request entered it or was moved: in one pass over the batch's arrays
-(``vllm_private.input_batch``), so that a step costs about the same whether
-one request or fifty move (vLLM's ``swap_states``, one pair at a time, cost
-~13 µs a pair on this CPU, and a batch in which every family grew by one
-needs about one swap per request). The V2 model runner has no persistent
+request entered it or was moved, in one pass over the batch's arrays
+(``vllm_private.input_batch``) rather than with vLLM's ``swap_states``, one
+pair of rows at a time (~13 µs a pair on a 2-core CPU; a batch in which
+each of many families grew by one needs about one pair per row after the
+first family that grew). The V2 model runner has no persistent
 batch: it orders each step's requests as the scheduler output lists them
 (stably sorted, decodes first), so the scheduler keeps its running requests
 in arrival order (a child arrives at its parent's time), moving only those
