@@ -38,3 +38,14 @@ def _live_vllm_envs():
     if envs is not None and hasattr(envs, "disable_envs_cache"):
         envs.disable_envs_cache()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_cpu_tp_segments():
+    """vLLM's CPU tensor-parallel backend leaves its shared-memory segments
+    in /dev/shm when its workers are killed; a later engine given the same
+    port then fails to start (errno 17). Remove those no process maps."""
+    from vllm_seqhooks.testing.cpu_shm import remove_stale_cpu_shm
+
+    remove_stale_cpu_shm()
+    yield

@@ -640,3 +640,24 @@ def test_multiprocess_engine_with_fqcn(engines, tiny_llm_kwargs):
                 llm.generate(["x"], bad, use_tqdm=False)
         finally:
             _shutdown(llm)
+
+
+def test_stale_cpu_tp_segments_are_removed_and_mapped_ones_kept(tmp_path):
+    from vllm_seqhooks.testing.cpu_shm import remove_stale_cpu_shm
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    for name in ("4242-tp:0-[0-1]-cpushm_0", "4242-tp:0-[0-1]-cpushm_1",
+                 "5151-tp:0-[0-1]-cpushm_0", "other-segment"):
+        (shm / name).write_bytes(b"x")
+    proc = tmp_path / "proc"
+    (proc / "77").mkdir(parents=True)
+    (proc / "77" / "maps").write_text(
+        "7f00-7f01 rw-s 00000000 00:1a 12 /usr/lib/libc.so.6\n"
+        f"7f02-7f03 rw-s 00000000 00:1a 13 {shm / '4242-tp:0-[0-1]-cpushm_1'}\n"
+        f"7f04-7f05 rw-s 00000000 00:1a 14 {shm / '5151-tp:0-[0-1]-cpushm_0'} (deleted)\n")
+    (proc / "self-not-a-pid").mkdir()
+    removed = remove_stale_cpu_shm(shm, proc)
+    assert removed == ["4242-tp:0-[0-1]-cpushm_0"]
+    assert sorted(p.name for p in shm.iterdir()) == [
+        "4242-tp:0-[0-1]-cpushm_1", "5151-tp:0-[0-1]-cpushm_0", "other-segment"]
