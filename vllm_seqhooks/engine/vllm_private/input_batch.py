@@ -2,8 +2,9 @@
 pass.
 
 ``InputBatch.swap_states(i, j)`` exchanges two rows: about 30 fields, ~13 µs
-a pair on a 2-core CPU. Grouping families after a step in which each of 64
-families grew by one needs ~30 such pairs. :func:`permute_input_batch` makes
+a pair on a 2-core CPU. Grouping 64 families after a step in which 16 of
+them each gained a child needs 30-200 such pairs (``benchmarks.engine_step``).
+:func:`permute_input_batch` makes
 the same change to every moved row at once, one array operation per field,
 and records the same pairs in ``batch_update_builder.moved`` (what the
 logits processors replay), so that what the model, the sampler and the
