@@ -78,6 +78,29 @@ def test_a_request_entering_moves_one_request_per_block_it_crosses():
     assert [f for f, _ in blocks(apply(ids, grouping_swaps(ids)))] == list("abcd")
 
 
+@pytest.mark.parametrize("seed", range(50))
+def test_random_batches_end_contiguous(seed):
+    rng = random.Random(seed)
+    fams = [f"r{i}" for i in range(rng.randint(1, 8))]
+    ids = []
+    for f in fams:
+        ids.append(f)
+        ids += [f"{f}{M}{k}" for k in range(rng.randint(0, 4))]
+    rng.shuffle(ids)
+    swaps = grouping_swaps(ids)
+    out = apply(ids, swaps)
+    assert sorted(out) == sorted(ids)
+    runs = [f for f, _ in blocks(out)]
+    assert len(runs) == len(set(runs))  # every family is one run
+    # Only members outside their family's final block move, each swap
+    # placing at least one.
+    owner = [family_of(r) for r in out]
+    misplaced = sum(family_of(r) != owner[i] for i, r in enumerate(ids))
+    assert len(swaps) <= misplaced
+    moved = {i for swap in swaps for i in swap}
+    assert all(family_of(ids[i]) != owner[i] for i in moved)
+
+
 def test_moves_and_their_swaps_are_one_permutation():
     rng = random.Random(7)
     for _ in range(200):
