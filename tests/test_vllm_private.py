@@ -15,6 +15,7 @@ def test_pinned_private_vllm_api_is_present():
 
     assert vllm_private.problems() == []
     assert vllm_private.model_runner_problems() == []
+    assert vllm_private.input_batch_problems() == []
     assert vllm_private.v2_model_runner_problems() == []
     assert vllm_private.splice_problems() == []
     assert vllm_private.v2_splice_problems() == []
@@ -29,6 +30,7 @@ def test_a_changed_private_api_is_reported(monkeypatch):
 
     monkeypatch.setattr(Scheduler, "_free_request", lambda self, request: None)
     monkeypatch.setattr(InputBatch, "swap_states", lambda self, a, b: None)
+    assert any("swap_states" in p for p in vllm_private.input_batch_problems())
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     monkeypatch.setattr(GPUModelRunner, "_bookkeeping_sync", lambda self, *a: None)
