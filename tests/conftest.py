@@ -49,3 +49,20 @@ def _no_stale_cpu_tp_segments():
 
     remove_stale_cpu_shm()
     yield
+
+
+@pytest.fixture(params=["compiled", "python"])
+def kernels(request, monkeypatch) -> str:
+    """Run a test with the compiled kernels of the family batch order
+    (``vllm_seqhooks.native``) and again with their Python implementations.
+    The compiled run fails when they are not built, unless SEQHOOKS_NATIVE=0
+    asks for the Python ones (then it is skipped)."""
+    from vllm_seqhooks import native
+
+    if request.param == "python":
+        monkeypatch.setattr(native, "rows", None)
+    elif native.rows is None:
+        if native.why_not == f"{native.ENV}=0":
+            pytest.skip(native.why_not)
+        pytest.fail(f"the compiled kernels are missing: {native.why_not}")
+    return request.param

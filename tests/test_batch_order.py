@@ -79,7 +79,7 @@ def test_a_request_entering_moves_one_request_per_block_it_crosses():
 
 
 @pytest.mark.parametrize("seed", range(50))
-def test_random_batches_end_contiguous(seed):
+def test_random_batches_end_contiguous(seed, kernels):
     rng = random.Random(seed)
     fams = [f"r{i}" for i in range(rng.randint(1, 8))]
     ids = []
@@ -101,7 +101,7 @@ def test_random_batches_end_contiguous(seed):
     assert all(family_of(ids[i]) != owner[i] for i in moved)
 
 
-def test_moves_and_their_swaps_are_one_permutation():
+def test_moves_and_their_swaps_are_one_permutation(kernels):
     rng = random.Random(7)
     for _ in range(200):
         ids = [f"f{rng.randrange(6)}{M}{k}" for k in range(rng.randint(0, 30))]
@@ -120,7 +120,7 @@ def test_moves_and_their_swaps_are_one_permutation():
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_a_kept_grouping_decides_as_a_fresh_one(seed):
+def test_a_kept_grouping_decides_as_a_fresh_one(seed, kernels):
     """Step after step (requests entering at the end or in a finished one's
     hole, the last moved into a hole, an equal id in a new string object),
     the grouping that remembers the last batch moves exactly what one that

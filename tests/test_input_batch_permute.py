@@ -117,7 +117,7 @@ def _differences(one_pass, pairwise) -> list[str]:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_one_pass_leaves_what_swap_states_leaves(seed):
+def test_one_pass_leaves_what_swap_states_leaves(seed, kernels):
     from vllm_seqhooks.engine.vllm_private import input_batch
 
     n = random.Random(seed).randint(4, MAX_REQS)
@@ -140,7 +140,7 @@ def test_one_pass_leaves_what_swap_states_leaves(seed):
     assert _differences(one_pass, pairwise) == []
 
 
-def test_the_comparison_sees_a_field_left_behind(monkeypatch):
+def test_the_comparison_sees_a_field_left_behind(monkeypatch, kernels):
     """Control: a one-pass permutation that forgets one field fails it."""
     from vllm_seqhooks.engine.vllm_private import input_batch
 

@@ -19,14 +19,15 @@ NAME = "vllm_seqhooks"
 #: ``testing`` may import anything).
 MAY_IMPORT = {
     "config": {"config", "formats", "core"},
-    "core": {"core"},
+    "core": {"core", "native"},
+    "native": {"native"},
     "formats": {"formats", "core"},
-    "engine": {"engine", "config", "core", "formats"},
+    "engine": {"engine", "config", "core", "formats", "native"},
     "loops": {"loops", "config", "core", "formats"},
     "tasks": {"tasks", "config", "core", "formats", "testing.tiny_model"},
 }
 #: The pure subpackages: no vLLM, no torch.
-PURE = ("config", "core", "formats")
+PURE = ("config", "core", "formats", "native")
 #: Modules at the top level: what users address.
 TOP_LEVEL = {"__init__", "__main__", "check", "llm", "plugin", "rollout"}
 #: Directories of the package that are not Python packages.
@@ -170,7 +171,8 @@ def test_top_level_holds_only_what_users_address():
     top = {p.stem for p in PACKAGE.glob("*.py")}
     assert top == TOP_LEVEL
     subpackages = {p.name for p in PACKAGE.iterdir() if p.is_dir()} - NOT_CODE
-    assert subpackages == {"config", "core", "formats", "engine", "loops", "tasks", "testing"}
+    assert subpackages == {"config", "core", "formats", "engine", "loops", "tasks", "testing",
+                           "native"}
 
 
 def test_class_paths_given_to_vllm_name_the_classes():

@@ -267,9 +267,12 @@ def describe_machine() -> str:
 
     from vllm_seqhooks.testing.v2_runner import uses_v2_model_runner
 
+    import vllm_seqhooks.native as native
+
     runner = "V2" if uses_v2_model_runner(None) else "V1"
+    kernels = "built" if native.rows is not None else f"not used: {native.why_not}"
     return (f"vLLM {vllm.__version__} on {current_platform.device_name or 'cpu'}; "
-            f"model runner {runner} by default")
+            f"model runner {runner} by default; compiled kernels {kernels}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,13 +16,16 @@ docs/benchmarks/attention_order.md and README.md).
 :class:`FamilyGrouping` computes the permutation that groups a batch by
 family (the top-level request and all its descendants), leaving each
 family's block where most of it already is and moving only members outside
-their family's block. ``vllm_private.install_family_batch_order`` applies it
-to the V1 model runner's persistent batch before each step in which a
-request entered it or was moved, in one pass over the batch's arrays
-(``vllm_private.input_batch``) rather than with vLLM's ``swap_states``, one
-pair of rows at a time (~13 µs a pair on a 2-core CPU; a batch in which
-each of many families grew by one needs about one pair per row after the
-first family that grew). The V2 model runner has no persistent
+their family's block. Each step is one call of the compiled kernel
+``vllm_seqhooks.native`` ``group`` where it is built, else of
+:func:`group_in_python` (the same results: ``tests/test_native.py``).
+``vllm_private.install_family_batch_order`` applies it to the V1 model
+runner's persistent batch before each step in which a request entered it or
+was moved, in one pass over the batch's arrays (``vllm_private.input_batch``)
+rather than with vLLM's ``swap_states``, one pair of rows at a time (~13 µs
+a pair on a 2-core CPU; a batch in which each of many families grew by one
+needs about one pair per row after the first family that grew). The V2
+model runner has no persistent
 batch: it orders each step's requests as the scheduler output lists them
 (stably sorted, decodes first), so the scheduler keeps its running requests
 in arrival order (a child arrives at its parent's time), moving only those
@@ -38,6 +41,7 @@ from collections.abc import Iterable
 from itertools import compress
 from operator import attrgetter, is_not, ne
 
+import vllm_seqhooks.native as native
 from vllm_seqhooks.core.request_tree import CHILD_ID_MARKER
 
 
@@ -67,21 +71,20 @@ class FamilyGrouping:
 
     def moves(self, request_ids: list[str]) -> Moves | None:
         """The moves that group ``request_ids`` by family, or None when
-        every family is one run already (see :func:`grouping_moves`)."""
-        codes, kept = self._read(request_ids)
-        # The last batch was grouped (it is remembered after its moves): if
-        # every request that changed took the place of one of its own family
-        # (none past its end), so is this one.
-        moves = None if kept else grouping_moves(codes)
-        ids = list(request_ids)
-        if moves is not None:
-            dst, src = moves
-            taken = [ids[i] for i in src]
-            taken_codes = [codes[i] for i in src]
-            for i, rid, code in zip(dst, taken, taken_codes):
-                ids[i] = rid
-                codes[i] = code
-        self._ids, self._codes = ids, codes
+        every family is one run already (:func:`group_in_python`)."""
+        known = self._code_of_request
+        if len(known) > self._forget_after:  # finished requests accumulate
+            known.clear()
+            self._code_of_family.clear()
+            self._ids, self._codes = [], []
+        kernels = native.rows
+        if kernels is not None:
+            self._ids, self._codes, moves = kernels.group(
+                request_ids, self._ids, self._codes, known, self._code_of_family,
+                CHILD_ID_MARKER)
+        else:
+            self._ids, self._codes, moves = group_in_python(
+                request_ids, self._ids, self._codes, known, self._code_of_family)
         return moves
 
     def codes(self, request_ids: list[str]) -> list[int]:
@@ -89,33 +92,59 @@ class FamilyGrouping:
         return self._read(request_ids)[0]
 
     def _read(self, request_ids: list[str]) -> tuple[list[int], bool]:
-        """The codes, and whether each position that changed since the last
-        batch holds a member of the same family as before (none added)."""
-        known = self._code_of_request
-        if len(known) > self._forget_after:  # finished requests accumulate
-            known.clear()
-            self._code_of_family.clear()
-            self._ids, self._codes = [], []
-        n = len(request_ids)
-        seen = self._ids
-        codes = self._codes[:n]
-        codes += [-1] * (n - len(codes))  # past the last batch's end: changed
-        kept = True
-        changed = list(compress(range(n), map(is_not, request_ids, seen)))
-        changed += range(min(n, len(seen)), n)
-        families = self._code_of_family
-        for pos in changed:
-            rid = request_ids[pos]
-            code = known.get(rid)
-            if code is None:
-                code = known[rid] = families.setdefault(family_of(rid), len(families))
-            if code != codes[pos]:
-                codes[pos] = code
-                kept = False
-        return codes, kept
+        return read_codes_in_python(request_ids, self._ids, self._codes,
+                                    self._code_of_request, self._code_of_family)
 
 
-def grouping_moves(codes: list[int]) -> Moves | None:
+def group_in_python(ids: list[str], seen: list[str], seen_codes: list[int],
+                    known: dict[str, int],
+                    families: dict[str, int]) -> tuple[list[str], list[int], Moves | None]:
+    """One step of :class:`FamilyGrouping`: the codes of ``ids``
+    (:func:`read_codes_in_python`) and, unless every request that changed
+    took the place of one of its own family (the last batch was grouped, so
+    this one is), the moves that group them (:func:`grouping_moves_in_python`).
+    Returns a copy of ``ids`` and the codes, both after the moves, and the
+    moves (None when none)."""
+    codes, kept = read_codes_in_python(ids, seen, seen_codes, known, families)
+    moves = None if kept else grouping_moves_in_python(codes)
+    ids = list(ids)
+    if moves is not None:
+        dst, src = moves
+        for values in (ids, codes):
+            taken = [values[i] for i in src]
+            for i, value in zip(dst, taken):
+                values[i] = value
+    return ids, codes, moves
+
+
+def read_codes_in_python(ids: list[str], seen: list[str], seen_codes: list[int],
+                         known: dict[str, int],
+                         families: dict[str, int]) -> tuple[list[int], bool]:
+    """The family code of each request of ``ids``, given the last batch
+    (``seen``, with ``seen_codes``): read only where ``ids`` holds another
+    object than ``seen`` (compared by identity: the ids are not read) or
+    past its end, from ``known`` (request id -> code) or, for a request new
+    to it, from ``families`` (family id -> code; a new family takes the next
+    code). Also whether each such position holds a member of the family it
+    held (then a grouped batch stays grouped)."""
+    n = len(ids)
+    codes = seen_codes[:n]
+    codes += [-1] * (n - len(codes))  # past the last batch's end: changed
+    kept = True
+    changed = list(compress(range(n), map(is_not, ids, seen)))
+    changed += range(min(n, len(seen)), n)
+    for pos in changed:
+        rid = ids[pos]
+        code = known.get(rid)
+        if code is None:
+            code = known[rid] = families.setdefault(family_of(rid), len(families))
+        if code != codes[pos]:
+            codes[pos] = code
+            kept = False
+    return codes, kept
+
+
+def grouping_moves_in_python(codes: list[int]) -> Moves | None:
     """The moves that make every family (equal codes) contiguous, or None
     when every family is one run already.
 
@@ -155,7 +184,7 @@ def moves_as_swaps(moves: Moves) -> list[tuple[int, int]]:
     swaps: list[tuple[int, int]] = []
     for start in dst:
         pos = takes_from.pop(start, None)
-        if pos is None:
+        if pos is None or pos == start:
             continue
         swaps.append((start, pos))
         while (nxt := takes_from.pop(pos)) != start:

@@ -5,27 +5,36 @@ pass.
 a pair on a 2-core CPU. Grouping 64 families after a step in which 16 of
 them each gained a child needs 30-200 such pairs (``benchmarks.engine_step``).
 :func:`permute_input_batch` makes
-the same change to every moved row at once, one array operation per field,
-and records the same pairs in ``batch_update_builder.moved`` (what the
-logits processors replay), so that what the model, the sampler and the
-logits processors read afterwards is what the pairs would have left.
+the same change to every moved row at once and records the same pairs in
+``batch_update_builder.moved`` (what the logits processors replay), so that
+what the model, the sampler and the logits processors read afterwards is
+what the pairs would have left: with one call of the compiled kernels'
+``BatchRows.permute`` (``vllm_seqhooks.native``; it holds the batch's
+lists and arrays, made once per batch) where they are built, else with one
+numpy operation per field.
 
 It reproduces the pinned vLLM's ``swap_states``: the sources it follows are
-pinned by digest (:data:`PINNED_SOURCES`); on any other source (another vLLM,
+pinned by digest (:data:`PINNED_SOURCES`), and the fields it holds must be
+made only by ``InputBatch.__init__``; on any other source (another vLLM,
 or a runner whose batch overrides them) it warns once and exchanges the
 pairs with ``swap_states`` itself. ``tests/test_input_batch_permute.py``
-checks every field of a real batch against ``swap_states``.
+checks every field of a real batch against ``swap_states``, with the
+compiled kernels and without.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import logging
+import textwrap
+import weakref
 from collections import deque
 
 import numpy as np
 
+import vllm_seqhooks.native as native
 from vllm_seqhooks.core.batch_order import Moves, moves_as_swaps
 
 #: sha256 (first 16 hex digits) of the sources whose effect the one-pass
@@ -81,6 +90,33 @@ def input_batch_problems(batch_cls: type | None = None) -> list[str]:
                  *SAMPLING_ROW_DICTS, "req_id_to_index", "allowed_token_ids_mask_cpu_tensor"):
         if f"self.{name}" not in init:
             found.append(f"InputBatch no longer has {name}")
+    # What is kept per batch (_rows_of) must stay the objects __init__ made.
+    for cls, names in ((InputBatch, (*ROW_LISTS, *ROW_ARRAYS, *TOKEN_ROWS, *SAMPLING_ROW_ARRAYS,
+                                     "replayssm_decode_base", "use_replayssm", "block_table",
+                                     "is_pooling_model", "req_id_to_index", *ROW_DICTS,
+                                     *SAMPLING_ROW_DICTS)),
+                       (MultiGroupBlockTable, ("block_tables",)),
+                       (BlockTable, ("block_table", "num_blocks_per_row"))):
+        for name in _assigned_after_init(cls, names):
+            found.append(f"{cls.__name__} assigns {name} after __init__")
+    return found
+
+
+def _assigned_after_init(cls: type, names: tuple[str, ...]) -> list[str]:
+    """Which of ``names`` a method of ``cls`` other than ``__init__``
+    assigns (``self.name = ...``)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    found = []
+    for method in ast.walk(tree):
+        if not isinstance(method, ast.FunctionDef) or method.name == "__init__":
+            continue
+        for node in ast.walk(method):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+                       else [])
+            found += [t.attr for t in targets
+                      if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                      and t.value.id == "self" and t.attr in names]
     return found
 
 
@@ -89,12 +125,24 @@ def permute_input_batch(batch, moves: Moves, max_drafts: int | None = None) -> N
     as the pairs :func:`moves_as_swaps` lists would, with ``swap_states``.
     ``max_drafts``: the most draft tokens a row holds (the runner's
     ``num_spec_tokens``); None: read from the moved rows."""
-    swaps = moves_as_swaps(moves)
-    if len(moves[0]) < ONE_PASS_FROM or not _one_pass_allowed(type(batch)):
-        for i, j in swaps:
+    allowed = _verdict.get(type(batch))
+    if allowed is None:
+        allowed = _one_pass_allowed(type(batch))
+    if len(moves[0]) < ONE_PASS_FROM or not allowed:
+        for i, j in moves_as_swaps(moves):
             batch.swap_states(i, j)
         return
-    _permute_rows(batch, moves, swaps, max_drafts)
+    _permute_rows(batch, moves, max_drafts)
+
+
+def check_one_pass(batch_cls: type | None = None) -> bool:
+    """Whether ``batch_cls`` (vLLM's InputBatch by default) may be permuted
+    in one pass; decided once per class, logging why not."""
+    if batch_cls is None:
+        from vllm.v1.worker.gpu_input_batch import InputBatch
+
+        batch_cls = InputBatch
+    return _one_pass_allowed(batch_cls)
 
 
 def _one_pass_allowed(batch_cls: type) -> bool:
@@ -109,44 +157,98 @@ def _one_pass_allowed(batch_cls: type) -> bool:
     return allowed
 
 
-def _permute_rows(batch, moves: Moves, swaps: list[tuple[int, int]],
-                  max_drafts: int | None) -> None:
-    from vllm.v1.sample.logits_processor.interface import MoveDirectionality
-
+def _permute_rows(batch, moves: Moves, max_drafts: int | None) -> None:
+    kernels = native.rows
     to_rows, from_rows = moves
-    dst, src = np.array(to_rows), np.array(from_rows)
     # swap_states copies each pair's longer active prefix (prompt, output
     # and draft tokens): here the longest of the moved rows (or more).
     if max_drafts is None:
         max_drafts = max(map(len, map(batch.spec_token_ids.__getitem__, from_rows)))
-    width = int(batch.num_tokens_no_spec[src].max()) + max_drafts
-    for name in TOKEN_ROWS:
-        rows = getattr(batch, name)
-        rows[dst, :width] = rows[src, :width]
-    for name in ROW_LISTS:
-        _permute_list(getattr(batch, name), to_rows, from_rows)
-    ids = batch._req_ids
-    batch.req_id_to_index.update(zip(map(ids.__getitem__, to_rows), to_rows))
-    for name in ROW_ARRAYS:
-        _permute_array(getattr(batch, name), dst, src)
-    if batch.use_replayssm:
-        _permute_array(batch.replayssm_decode_base, dst, src)
-    for name in ROW_DICTS:
-        _permute_dict(getattr(batch, name), to_rows, from_rows)
-    for table in batch.block_table.block_tables:
-        _permute_array(table.num_blocks_per_row, dst, src)
-        _permute_array(table.block_table.np, dst, src)
-    if batch.is_pooling_model:
-        return
-    swap = MoveDirectionality.SWAP
-    batch.batch_update_builder.moved.extend([(i, j, swap) for i, j in swaps])
-    for name in SAMPLING_ROW_ARRAYS:
-        _permute_array(getattr(batch, name), dst, src)
-    for name in SAMPLING_ROW_DICTS:
-        _permute_dict(getattr(batch, name), to_rows, from_rows)
-    mask = batch.allowed_token_ids_mask_cpu_tensor
+    pooling = batch.is_pooling_model
+    swap = _SWAP if _SWAP is not None else _swap_tag()
+    if kernels is not None:
+        _rows_of(batch, kernels).permute(
+            to_rows, from_rows, max_drafts,
+            None if pooling else batch.batch_update_builder.moved, swap)
+    else:
+        dst, src = np.array(to_rows), np.array(from_rows)
+        width = int(batch.num_tokens_no_spec[src].max()) + max_drafts
+        for name in TOKEN_ROWS:
+            rows = getattr(batch, name)
+            rows[dst, :width] = rows[src, :width]
+        for name in ROW_LISTS:
+            _permute_list(getattr(batch, name), to_rows, from_rows)
+        ids = batch._req_ids
+        batch.req_id_to_index.update(zip(map(ids.__getitem__, to_rows), to_rows))
+        for array in _row_arrays(batch, pooling):
+            _permute_array(array, dst, src)
+        for values in _row_dicts(batch, pooling):
+            _permute_dict(values, to_rows, from_rows)
+        if not pooling:
+            batch.batch_update_builder.moved.extend(
+                [(i, j, swap) for i, j in moves_as_swaps(moves)])
+    mask = None if pooling else batch.allowed_token_ids_mask_cpu_tensor
     if mask is not None:
         mask[to_rows] = mask[from_rows]
+
+
+_SWAP = None
+
+
+def _swap_tag():
+    """What the logits processors' record of moved rows calls a swap."""
+    global _SWAP
+    from vllm.v1.sample.logits_processor.interface import MoveDirectionality
+
+    _SWAP = MoveDirectionality.SWAP
+    return _SWAP
+
+
+def _row_dicts(batch, pooling: bool) -> list[dict]:
+    """The dicts keyed by row (entries for some rows only)."""
+    names = ROW_DICTS if pooling else (*ROW_DICTS, *SAMPLING_ROW_DICTS)
+    return [getattr(batch, name) for name in names]
+
+
+def _row_arrays(batch, pooling: bool) -> list:
+    """The arrays whose rows move whole: one entry per row, and each block
+    table's rows."""
+    arrays = [getattr(batch, name) for name in ROW_ARRAYS]
+    if batch.use_replayssm:
+        arrays.append(batch.replayssm_decode_base)
+    for table in batch.block_table.block_tables:
+        arrays += (table.num_blocks_per_row, table.block_table.np)
+    if not pooling:
+        arrays += (getattr(batch, name) for name in SAMPLING_ROW_ARRAYS)
+    return arrays
+
+
+#: What the compiled permutation moves, per batch (:func:`_rows_of`), and
+#: the last batch asked for with its own (a runner has one batch).
+_ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_last_rows: tuple = (lambda: None, None)
+
+
+def _rows_of(batch, kernels):
+    """The compiled kernels' view of ``batch`` (``BatchRows``): its per-row
+    lists, token rows and arrays whose rows move whole. The same objects for
+    the batch's life (its ``__init__`` makes them and no other method
+    replaces them: :func:`input_batch_problems`), so it is kept while the
+    batch lives."""
+    global _last_rows
+    last, rows = _last_rows
+    if last() is batch:
+        return rows
+    rows = _ROWS.get(batch)
+    if rows is None:
+        rows = _ROWS[batch] = kernels.BatchRows(
+            lists=tuple(getattr(batch, name) for name in ROW_LISTS),
+            token_rows=tuple(getattr(batch, name) for name in TOKEN_ROWS),
+            whole_rows=tuple(_row_arrays(batch, batch.is_pooling_model)),
+            counts=batch.num_tokens_no_spec, index=batch.req_id_to_index, keys=batch._req_ids,
+            dicts=tuple(_row_dicts(batch, batch.is_pooling_model)))
+    _last_rows = (weakref.ref(batch), rows)
+    return rows
 
 
 def _permute_array(array, dst, src) -> None:

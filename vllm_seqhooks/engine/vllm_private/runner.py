@@ -104,9 +104,10 @@ def install_family_batch_order() -> bool:
 
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    import vllm_seqhooks.native as native
     from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY
     from vllm_seqhooks.core.batch_order import FamilyGrouping
-    from vllm_seqhooks.engine.vllm_private.input_batch import permute_input_batch
+    from vllm_seqhooks.engine.vllm_private.input_batch import check_one_pass, permute_input_batch
 
     original = GPUModelRunner._may_reorder_batch
     if getattr(original, _FAMILY_ORDER_MARK, False):
@@ -116,33 +117,36 @@ def install_family_batch_order() -> bool:
         logging.getLogger("vllm.seqhooks").warning(
             "vllm-seqhooks: not grouping families in the batch: %s", "; ".join(found))
         return False
+    check_one_pass()  # at start-up: decided (and logged) once, not in a step
+    if native.rows is None:
+        logging.getLogger("vllm.seqhooks").info(
+            "vllm-seqhooks: grouping families in the batch with the Python implementation "
+            "(slower; the compiled kernels: %s)", native.why_not)
 
     def _may_reorder_batch(self, scheduler_output):
-        enabled = self.__dict__.get(_FAMILY_ORDER_MARK)
-        if enabled is None:
+        state = self.__dict__
+        grouping = state.get(_GROUPING)
+        if grouping is None:  # first step: this engine's setting
             extra = getattr(self.vllm_config, "additional_config", None) or {}
             hooks = extra.get(ADDITIONAL_CONFIG_KEY) if isinstance(extra, dict) else None
             enabled = bool(hooks) and hooks.get("batch_order", "family") == "family"
-            self.__dict__[_FAMILY_ORDER_MARK] = enabled
-        if not enabled:
+            grouping = state[_GROUPING] = FamilyGrouping() if enabled else False
+            state[_BACKEND_MOVED] = False
+        if grouping is False:
             return original(self, scheduler_output)
         batch = self.input_batch
         changes = batch.batch_update_builder
+        moved = changes.moved
         # The batch was grouped at the end of the last step unless a request
         # entered it, the runner moved one (condense), or the attention
         # backend's own reordering moved some after ours.
-        if changes.added or changes.moved or self.__dict__.get(_BACKEND_MOVED):
-            grouping = self.__dict__.get(_GROUPING)
-            if grouping is None:
-                grouping = self.__dict__[_GROUPING] = FamilyGrouping()
+        if changes.added or moved or state[_BACKEND_MOVED]:
             moves = grouping.moves(batch.req_ids[: batch.num_reqs])
             if moves is not None:
                 permute_input_batch(batch, moves, self.num_spec_tokens)
-        ours = len(changes.moved)
-        try:
-            return original(self, scheduler_output)
-        finally:
-            self.__dict__[_BACKEND_MOVED] = len(changes.moved) > ours
+        ours = len(moved)
+        original(self, scheduler_output)
+        state[_BACKEND_MOVED] = len(moved) > ours
 
     wrap_method(GPUModelRunner, "_may_reorder_batch", _may_reorder_batch, _FAMILY_ORDER_MARK)
     return True
