@@ -8,10 +8,12 @@ L256 k4 m32: each family's parent writes 4 promises, waits at ``<sync>``,
 each child writes 32 tokens) at b families at once, through:
 
 * ``native``: ``vllm_seqhooks.LLM`` with hooks (families grouped in the V1
-  model runner's batch);
-* ``pairwise``: the ``native`` engine grouping families pair by pair with
-  vLLM's ``swap_states`` (how it was grouped before the one-pass
-  permutation of ``vllm_private.input_batch``; the same moves);
+  model runner's batch by the compiled kernels of ``vllm_seqhooks.native``);
+* ``python``: the ``native`` engine with the kernels' Python
+  implementations (as without a C compiler, or ``SEQHOOKS_NATIVE=0``);
+* ``pairwise``: the ``native`` engine deciding in Python and grouping
+  families pair by pair with vLLM's ``swap_states`` (how it was grouped when
+  issue 20 was filed; the same moves);
 * ``arrival``: the same with ``batch_order="arrival"`` (vLLM's own batch
   order: the reorder's cost without the family grouping);
 * ``loop``: the event-driven client loop over stock ``vllm.LLM``.
@@ -39,7 +41,7 @@ from typing import Any
 
 from benchmarks.common import Bench, interleaved, spread
 
-CONFIGS = ("native", "pairwise", "arrival", "loop")
+CONFIGS = ("native", "python", "pairwise", "arrival", "loop")
 SHAPE = dict(context=256, k=4, payload=4, continuation=16, child_tokens=32)
 
 
@@ -72,9 +74,9 @@ def run(bench: Bench, sizes: list[int], repeats: int) -> dict[str, Any]:
 
         def one(config: str, r: int) -> dict[str, float]:
             fams = fams_by_repeat.setdefault(r, forkjoin.families(point, r, sep))
-            if config != "pairwise":
+            if config not in ("python", "pairwise"):
                 return _per_step(forkjoin.run_one(bench, config, fams))
-            with _pair_by_pair():
+            with _in_python(pair_by_pair=config == "pairwise"):
                 return _per_step(forkjoin.run_one(bench, "native", fams))
 
         runs = interleaved(list(CONFIGS), repeats, one)
@@ -87,16 +89,15 @@ def run(bench: Bench, sizes: list[int], repeats: int) -> dict[str, Any]:
         out["native/loop per request-step"] = spread([
             a["scheduler_us_per_request_step"] / b_["scheduler_us_per_request_step"]
             for a, b_ in zip(runs["native"], runs["loop"])])
-        out["family reorder us per step"] = spread([
-            a["reorder_us_per_step"] - b_["reorder_us_per_step"]
-            for a, b_ in zip(runs["native"], runs["arrival"])])
-        out["pairwise family reorder us per step"] = spread([
-            a["reorder_us_per_step"] - b_["reorder_us_per_step"]
-            for a, b_ in zip(runs["pairwise"], runs["arrival"])])
-        out["family reorder one pass / pairwise"] = spread([
-            (a["reorder_us_per_step"] - c["reorder_us_per_step"])
-            / max(1e-9, b_["reorder_us_per_step"] - c["reorder_us_per_step"])
-            for a, b_, c in zip(runs["native"], runs["pairwise"], runs["arrival"])])
+        for c in ("native", "python", "pairwise"):
+            out[f"{c} family reorder us per step"] = spread([
+                a["reorder_us_per_step"] - b_["reorder_us_per_step"]
+                for a, b_ in zip(runs[c], runs["arrival"])])
+        for c in ("native", "python"):
+            out[f"{c} family reorder / pairwise"] = spread([
+                (a["reorder_us_per_step"] - z["reorder_us_per_step"])
+                / max(1e-9, p["reorder_us_per_step"] - z["reorder_us_per_step"])
+                for a, p, z in zip(runs[c], runs["pairwise"], runs["arrival"])])
         points[b] = out
         bench.log(f"  b{b}: scheduler us/request-step native "
                   f"{out['native']['scheduler_us_per_request_step']['median']:.1f} loop "
@@ -107,16 +108,20 @@ def run(bench: Bench, sizes: list[int], repeats: int) -> dict[str, Any]:
 
 
 @contextmanager
-def _pair_by_pair():
-    """The in-process native engine's batch grouped with swap_states only."""
+def _in_python(pair_by_pair: bool):
+    """The in-process native engine grouping with the Python implementations
+    of the kernels, and (``pair_by_pair``) with swap_states only."""
+    from vllm_seqhooks import native
     from vllm_seqhooks.engine.vllm_private import input_batch
 
-    saved = input_batch.ONE_PASS_FROM
-    input_batch.ONE_PASS_FROM = 1 << 30
+    saved = input_batch.ONE_PASS_FROM, native.rows
+    native.rows = None
+    if pair_by_pair:
+        input_batch.ONE_PASS_FROM = 1 << 30
     try:
         yield
     finally:
-        input_batch.ONE_PASS_FROM = saved
+        input_batch.ONE_PASS_FROM, native.rows = saved
 
 
 def _m(s: dict[str, float], nd: int = 0) -> str:
@@ -143,15 +148,18 @@ def report(results: dict[str, Any], command: str, env: dict[str, Any]) -> str:
                 f"{_m(p['scheduler_us_per_step'])} | "
                 f"{_m(p['scheduler_us_per_request_step'], 1)} | "
                 f"{_m(p['reorder_us_per_step'])} | {'yes' if p['correct'] else 'NO'} |")
-    lines += ["", "| families | native / loop, scheduler µs per request-step | "
-              "family grouping, µs per step (native − arrival reorder) | "
-              "pair by pair (pairwise − arrival) | one pass / pair by pair |",
-              "| ---: | ---: | ---: | ---: | ---: |"]
+    lines += ["", "Family grouping, µs per step: each configuration's reorder time minus "
+              "`arrival`'s (same repeat); the ratios are to `pairwise` (same repeat).", "",
+              "| families | native / loop, scheduler µs per request-step | native | python | "
+              "pairwise | native / pairwise | python / pairwise |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for b, point in results["points"].items():
         lines.append(f"| {b} | {_m(point['native/loop per request-step'], 2)} | "
-                     f"{_m(point['family reorder us per step'])} | "
+                     f"{_m(point['native family reorder us per step'])} | "
+                     f"{_m(point['python family reorder us per step'])} | "
                      f"{_m(point['pairwise family reorder us per step'])} | "
-                     f"{_m(point['family reorder one pass / pairwise'], 3)} |")
+                     f"{_m(point['native family reorder / pairwise'], 3)} | "
+                     f"{_m(point['python family reorder / pairwise'], 3)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -26,12 +26,13 @@ def test_engine_step_runs_every_configuration(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     results = json.loads((tmp_path / "engine_step.json").read_text())
     point = results["points"]["3"]
-    for config in ("native", "pairwise", "arrival", "loop"):
+    for config in ("native", "python", "pairwise", "arrival", "loop"):
         p = point[config]
         assert p["correct"], config
         assert p["scheduler_us_per_step"]["median"] > 0, config
         assert p["reorder_us_per_step"]["median"] > 0, config
         assert p["requests_per_step"]["median"] > 1, config
-    assert point["family reorder one pass / pairwise"]["median"] > 0
+    assert point["native family reorder / pairwise"]["median"] > 0
+    assert point["python family reorder / pairwise"]["median"] > 0
     md = (tmp_path / "engine_step.md").read_text()
-    assert "--profile smoke" in md and "family grouping" in md and "pair by pair" in md
+    assert "--profile smoke" in md and "Family grouping" in md and "native / pairwise" in md
