@@ -16,6 +16,7 @@ Nothing here imports vLLM or torch.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from types import ModuleType
 
 #: The switch: ``SEQHOOKS_NATIVE=0`` runs the Python implementations.
@@ -28,5 +29,9 @@ if os.environ.get(ENV, "1") == "0":
 else:
     try:
         from vllm_seqhooks.native import _rows as rows
-    except ImportError as exc:  # not built: no compiler at install time
-        why_not = f"not built ({exc})"
+    except ImportError as exc:
+        if not any(Path(__file__).parent.glob("_rows.*[!c]")):
+            why_not = ("not built (pip builds it where a C compiler and Python's headers "
+                       "are present when it installs this package)")
+        else:  # built, but not for this interpreter, or broken
+            why_not = f"not loaded ({exc})"
