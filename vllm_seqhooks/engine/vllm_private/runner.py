@@ -118,10 +118,6 @@ def install_family_batch_order() -> bool:
             "vllm-seqhooks: not grouping families in the batch: %s", "; ".join(found))
         return False
     check_one_pass()  # at start-up: decided (and logged) once, not in a step
-    if native.rows is None:
-        logging.getLogger("vllm.seqhooks").info(
-            "vllm-seqhooks: grouping families in the batch with the Python implementation "
-            "(slower; the compiled kernels: %s)", native.why_not)
 
     def _may_reorder_batch(self, scheduler_output):
         state = self.__dict__
@@ -132,6 +128,10 @@ def install_family_batch_order() -> bool:
             enabled = bool(hooks) and hooks.get("batch_order", "family") == "family"
             grouping = state[_GROUPING] = FamilyGrouping() if enabled else False
             state[_BACKEND_MOVED] = False
+            if enabled and native.rows is None:
+                logging.getLogger("vllm.seqhooks").info(
+                    "vllm-seqhooks: grouping families in the batch with the Python "
+                    "implementation (slower; the compiled kernels: %s)", native.why_not)
         if grouping is False:
             return original(self, scheduler_output)
         batch = self.input_batch
