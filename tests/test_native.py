@@ -15,7 +15,6 @@ from vllm_seqhooks.core.batch_order import (
     group_in_python,
     grouping_moves_in_python,
     moves_as_swaps,
-    read_codes_in_python,
 )
 from vllm_seqhooks.core.request_tree import CHILD_ID_MARKER as M
 
@@ -57,43 +56,20 @@ def test_grouping_moves_refuse_codes_out_of_range():
             rows.grouping_moves(codes)
 
 
-def test_read_codes_equal_the_python_ones():
-    """Codes read where the batch changed (by identity), new requests and
-    new families coded in first-seen order, children coded as their
-    family."""
-    rng = random.Random(1)
-    for _ in range(400):
-        pool = [f"r{rng.randrange(5)}" + (f"{M}{rng.randrange(3)}" * rng.randrange(3))
-                for _ in range(8)]
-        seen = [rng.choice(pool) for _ in range(rng.randint(0, 12))]
+def test_grouping_steps_equal_the_python_ones():
+    """Step after step (requests finishing, the runner condensing, requests
+    entering, equal ids in new string objects, children of new families),
+    the compiled step reads the same codes, decides the same moves and keeps
+    the same batch as the Python one (group_in_python)."""
+    rng = random.Random(4)
+    for _ in range(60):
+        compiled = rows.Grouping(M)
+        known_c: dict[str, int] = {}
+        families_c: dict[str, int] = {}
+        seen: list[str] = []
+        codes: list[int] = []
         known: dict[str, int] = {}
         families: dict[str, int] = {}
-        seen_codes, _ = read_codes_in_python(seen, [], [], known, families)
-        ids = list(seen[: rng.randint(0, len(seen))])
-        ids += [rng.choice(pool + [f"new{k}"]) for k in range(rng.randint(0, 4))]
-        for k in range(len(ids)):
-            if rng.random() < 0.2:
-                ids[k] = "".join(list(ids[k]))  # equal, another object
-            elif rng.random() < 0.1:
-                ids[k] = f"r9{M}{k}"  # a new family's child
-        state = [(dict(known), dict(families)) for _ in range(2)]
-        want = read_codes_in_python(ids, seen, seen_codes, *state[0])
-        got = rows.read_codes(ids, seen, seen_codes, *state[1], M)
-        assert got == want and state[0] == state[1]
-        assert got[0] is not seen_codes
-
-
-def test_read_codes_refuse_what_is_not_a_request_id():
-    with pytest.raises(TypeError):
-        rows.read_codes([1], [], [], {}, {}, M)
-
-
-def test_group_equals_the_python_one():
-    """A whole step (codes read, moves decided, the batch and its codes
-    moved), step after step, as the Python implementation does it."""
-    rng = random.Random(4)
-    for _ in range(50):
-        state = [([], [], {}, {}) for _ in range(2)]
         ids: list[str] = []
         for _ in range(30):
             for _ in range(rng.randint(0, 3)):  # finished: the runner condenses
@@ -102,16 +78,33 @@ def test_group_equals_the_python_one():
                     last = ids.pop()
                     if hole < len(ids):
                         ids[hole] = last
-            ids += [f"r{rng.randrange(6)}{M}{rng.randrange(10**6)}"
+            ids += [f"r{rng.randrange(6)}" + f"{M}{rng.randrange(10**6)}" * rng.randrange(3)
                     for _ in range(rng.randint(0, 4))]
-            outs = [fn(ids, *st) for fn, st in ((group_in_python, state[0]),
-                                                (lambda *a: rows.group(*a, M), state[1]))]
-            assert outs[0] == outs[1]
-            for k in range(2):
-                seen, codes, known, families = state[k]
-                state[k] = (outs[k][0], outs[k][1], known, families)
-            assert state[0][2:] == state[1][2:]
-            ids = list(outs[0][0])
+            if ids and rng.random() < 0.2:
+                k = rng.randrange(len(ids))
+                ids[k] = "".join(list(ids[k]))  # equal, another object
+            seen, codes, want = group_in_python(ids, seen, codes, known, families)
+            got = compiled.moves(ids, known_c, families_c)
+            assert got == want
+            assert compiled.seen == seen and compiled.codes() == codes
+            assert (known_c, families_c) == (known, families)
+            ids = list(seen)
+        compiled.reset()  # forgets the batch: every position is read again
+        assert compiled.seen == [] and compiled.codes() == []
+        assert compiled.moves(ids, known_c, families_c) == group_in_python(
+            ids, [], [], known, families)[2]
+
+
+def test_grouping_refuses_and_keeps_its_batch():
+    compiled = rows.Grouping(M)
+    known: dict = {}
+    assert compiled.moves(["a", "b", "a"], known, {}) is not None
+    before = (compiled.seen, compiled.codes())
+    with pytest.raises(TypeError):  # not a request id
+        compiled.moves(["a", 1, "b"], known, {})
+    with pytest.raises(ValueError):  # a code out of range
+        compiled.moves(["a", "c"], {"a": 0, "c": -5}, {})
+    assert (compiled.seen, compiled.codes()) == before
 
 
 def _random_moves(rng: random.Random, n: int) -> tuple[list[int], list[int]]:

@@ -16,8 +16,8 @@ docs/benchmarks/attention_order.md and README.md).
 :class:`FamilyGrouping` computes the permutation that groups a batch by
 family (the top-level request and all its descendants), leaving each
 family's block where most of it already is and moving only members outside
-their family's block. Each step is one call of the compiled kernel
-``vllm_seqhooks.native`` ``group`` where it is built, else of
+their family's block. Each step is one call of the compiled kernels'
+``Grouping.moves`` (``vllm_seqhooks.native``) where they are built, else of
 :func:`group_in_python` (the same results: ``tests/test_native.py``).
 ``vllm_private.install_family_batch_order`` applies it to the V1 model
 runner's persistent batch before each step in which a request entered it or
@@ -65,7 +65,10 @@ class FamilyGrouping:
         self._code_of_request: dict[str, int] = {}
         self._code_of_family: dict[str, int] = {}
         self._forget_after = forget_after
-        #: The batch after the last moves, and its codes.
+        kernels = native.rows
+        #: The compiled step (it keeps the batch and its codes), or None:
+        #: then the batch after the last moves, and its codes, are here.
+        self._compiled = kernels.Grouping(CHILD_ID_MARKER) if kernels is not None else None
         self._ids: list[str] = []
         self._codes: list[int] = []
 
@@ -77,23 +80,22 @@ class FamilyGrouping:
             known.clear()
             self._code_of_family.clear()
             self._ids, self._codes = [], []
-        kernels = native.rows
-        if kernels is not None:
-            self._ids, self._codes, moves = kernels.group(
-                request_ids, self._ids, self._codes, known, self._code_of_family,
-                CHILD_ID_MARKER)
-        else:
-            self._ids, self._codes, moves = group_in_python(
-                request_ids, self._ids, self._codes, known, self._code_of_family)
+            if self._compiled is not None:
+                self._compiled.reset()
+        if self._compiled is not None:
+            return self._compiled.moves(request_ids, known, self._code_of_family)
+        self._ids, self._codes, moves = group_in_python(
+            request_ids, self._ids, self._codes, known, self._code_of_family)
         return moves
 
     def codes(self, request_ids: list[str]) -> list[int]:
         """Each request's family as an integer (the same for one family)."""
-        return self._read(request_ids)[0]
-
-    def _read(self, request_ids: list[str]) -> tuple[list[int], bool]:
-        return read_codes_in_python(request_ids, self._ids, self._codes,
-                                    self._code_of_request, self._code_of_family)
+        if self._compiled is not None:
+            ids, codes = self._compiled.seen, self._compiled.codes()
+        else:
+            ids, codes = self._ids, self._codes
+        return read_codes_in_python(request_ids, ids, codes, self._code_of_request,
+                                    self._code_of_family)[0]
 
 
 def group_in_python(ids: list[str], seen: list[str], seen_codes: list[int],

@@ -442,88 +442,6 @@ static PyTypeObject BatchRowsType = {
 
 /* ------------------------------------------------------------ decision */
 
-PyDoc_STRVAR(read_codes_doc,
-"read_codes(ids, seen, seen_codes, known, families, marker) -> (codes, kept)\n\n"
-"vllm_seqhooks.core.batch_order.read_codes_in_python: each request's family\n"
-"code, read only where `ids` does not hold the very object `seen` holds\n"
-"(and past its end), from `known` (request id -> code) or, for a request\n"
-"not in it, from `families` (family id -> code; a new family gets the next\n"
-"code), its family being its id up to `marker`. `kept`: every such position\n"
-"holds a member of the family it held.");
-
-/* The code of request `rid`, from `known` or made (a borrowed reference, or
- * NULL with an exception). */
-static PyObject *code_of(PyObject *rid, PyObject *known, PyObject *families, PyObject *marker) {
-    PyObject *code = PyDict_GetItemWithError(known, rid);
-    if (code != NULL || PyErr_Occurred())
-        return code;
-    if (!PyUnicode_Check(rid)) {
-        PyErr_SetString(PyExc_TypeError, "request ids are strings");
-        return NULL;
-    }
-    Py_ssize_t at = PyUnicode_Find(rid, marker, 0, PyUnicode_GET_LENGTH(rid), 1);
-    if (at == -2)
-        return NULL;
-    PyObject *family = at < 0 ? Py_NewRef(rid) : PyUnicode_Substring(rid, 0, at);
-    PyObject *next = family ? PyLong_FromSsize_t(PyDict_GET_SIZE(families)) : NULL;
-    code = next ? PyDict_SetDefault(families, family, next) : NULL;
-    if (code != NULL && PyDict_SetItem(known, rid, code) < 0)
-        code = NULL;
-    Py_XDECREF(family);
-    Py_XDECREF(next);
-    return code; /* borrowed from `families` */
-}
-
-/* The codes of `ids` (a new list), and in *kept whether every position
- * read held a member of the family it held. */
-static PyObject *codes_read(PyObject *ids, PyObject *seen, PyObject *seen_codes,
-                            PyObject *known, PyObject *families, PyObject *marker, int *kept) {
-    Py_ssize_t n = PyList_GET_SIZE(ids), m = PyList_GET_SIZE(seen);
-    Py_ssize_t had = PyList_GET_SIZE(seen_codes);
-    PyObject *codes = PyList_New(n), *unknown = PyLong_FromLong(-1);
-    if (codes == NULL || unknown == NULL)
-        goto fail;
-    for (Py_ssize_t i = 0; i < n; i++)
-        PyList_SET_ITEM(codes, i, Py_NewRef(i < had ? PyList_GET_ITEM(seen_codes, i) : unknown));
-    *kept = 1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *rid = PyList_GET_ITEM(ids, i);
-        if (i < m && rid == PyList_GET_ITEM(seen, i))
-            continue;
-        PyObject *code = code_of(rid, known, families, marker);
-        if (code == NULL)
-            goto fail;
-        int same = PyObject_RichCompareBool(code, PyList_GET_ITEM(codes, i), Py_EQ);
-        if (same < 0)
-            goto fail;
-        if (!same) {
-            PyList_SetItem(codes, i, Py_NewRef(code));
-            *kept = 0;
-        }
-    }
-    Py_DECREF(unknown);
-    return codes;
-fail:
-    Py_XDECREF(codes);
-    Py_XDECREF(unknown);
-    return NULL;
-}
-
-#define READ_CODES_FORMAT "O!O!O!O!O!U"
-#define READ_CODES_ARGS(ids, seen, seen_codes, known, families, marker) \
-    &PyList_Type, ids, &PyList_Type, seen, &PyList_Type, seen_codes, &PyDict_Type, known, \
-        &PyDict_Type, families, marker
-
-static PyObject *read_codes(PyObject *self, PyObject *args) {
-    PyObject *ids, *seen, *seen_codes, *known, *families, *marker;
-    if (!PyArg_ParseTuple(args, READ_CODES_FORMAT,
-                          READ_CODES_ARGS(&ids, &seen, &seen_codes, &known, &families, &marker)))
-        return NULL;
-    int kept;
-    PyObject *codes = codes_read(ids, seen, seen_codes, known, families, marker, &kept);
-    return codes ? Py_BuildValue("(NO)", codes, kept ? Py_True : Py_False) : NULL;
-}
-
 PyDoc_STRVAR(grouping_moves_doc,
 "grouping_moves(codes) -> (dst, src) or None\n\n"
 "vllm_seqhooks.core.batch_order.grouping_moves_in_python: each family (equal\n"
@@ -532,15 +450,15 @@ PyDoc_STRVAR(grouping_moves_doc,
 "block move, in order, to the block's other slots. None when every family\n"
 "is one run.");
 
-/* The moves that group `codes_list` (a new reference: a (dst, src) tuple,
+/* The moves that group the n codes (a new reference: a (dst, src) tuple,
  * or None). */
-static PyObject *moves_for(PyObject *codes_list) {
-    Py_ssize_t n = PyList_GET_SIZE(codes_list);
+static PyObject *moves_of(const Py_ssize_t *given, Py_ssize_t n) {
     if (n < 3)
         Py_RETURN_NONE;
-    Py_ssize_t *codes = read_rows(codes_list, MAX_CODE, "family code");
+    Py_ssize_t *codes = PyMem_Malloc(sizeof(Py_ssize_t) * n);
     if (codes == NULL)
-        return NULL;
+        return PyErr_NoMemory();
+    memcpy(codes, given, sizeof(Py_ssize_t) * n);
     /* per-family arrays span the codes present (the live families are
      * recent, so their codes are close together): code - lowest */
     Py_ssize_t lowest = codes[0], highest = codes[0];
@@ -636,51 +554,200 @@ static PyObject *grouping_moves(PyObject *self, PyObject *args) {
     PyObject *codes_list;
     if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &codes_list))
         return NULL;
-    return moves_for(codes_list);
-}
-
-PyDoc_STRVAR(group_doc,
-"group(ids, seen, seen_codes, known, families, marker) -> (ids, codes, moves)\n\n"
-"vllm_seqhooks.core.batch_order.group_in_python: read_codes, then (unless\n"
-"kept) grouping_moves; returns a copy of `ids` and the codes, both after the\n"
-"moves, and the moves (None when none).");
-
-static PyObject *group(PyObject *self, PyObject *args) {
-    PyObject *ids, *seen, *seen_codes, *known, *families, *marker;
-    if (!PyArg_ParseTuple(args, READ_CODES_FORMAT,
-                          READ_CODES_ARGS(&ids, &seen, &seen_codes, &known, &families, &marker)))
-        return NULL;
-    int kept;
-    PyObject *result = NULL, *moves = NULL, *snapshot = NULL;
-    PyObject *codes = codes_read(ids, seen, seen_codes, known, families, marker, &kept);
+    Py_ssize_t *codes = read_rows(codes_list, MAX_CODE, "family code");
     if (codes == NULL)
         return NULL;
-    moves = kept ? Py_NewRef(Py_None) : moves_for(codes);
-    snapshot = moves ? PyList_GetSlice(ids, 0, PyList_GET_SIZE(ids)) : NULL;
-    if (snapshot == NULL)
-        goto done;
-    if (moves != Py_None) {
-        Moves m;
-        if (read_moves(PyTuple_GET_ITEM(moves, 0), PyTuple_GET_ITEM(moves, 1), &m) < 0)
-            goto done;
-        permute_items(snapshot, &m);
-        permute_items(codes, &m);
-        free_moves(&m);
-    }
-    result = PyTuple_Pack(3, snapshot, codes, moves);
-done:
-    Py_XDECREF(snapshot);
-    Py_XDECREF(moves);
-    Py_DECREF(codes);
-    return result;
+    PyObject *moves = moves_of(codes, PyList_GET_SIZE(codes_list));
+    PyMem_Free(codes);
+    return moves;
 }
+
+PyDoc_STRVAR(grouping_doc,
+"Grouping(marker)\n\n"
+"vllm_seqhooks.core.batch_order.group_in_python, step after step, keeping\n"
+"the last batch (after its moves) and its family codes (as C integers).\n"
+"moves(ids, known, families) -> (dst, src) or None: the codes read only\n"
+"where `ids` does not hold the very object the last batch held (and past\n"
+"its end), from `known` (request id -> code) or, for a request not in it,\n"
+"from `families` (family id -> code; a new family gets the next code), its\n"
+"family being its id up to `marker`; unless every such position holds a\n"
+"member of the family it held, the moves that group them. `seen` and\n"
+"`codes()` are the batch and codes kept; reset() forgets them.");
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *marker;
+    PyObject *seen;
+    Py_ssize_t *codes;
+} Grouping;
+
+static void grouping_dealloc(Grouping *self) {
+    Py_XDECREF(self->marker);
+    Py_XDECREF(self->seen);
+    PyMem_Free(self->codes);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *grouping_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"marker", NULL};
+    PyObject *marker;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "U", names, &marker))
+        return NULL;
+    Grouping *self = (Grouping *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->marker = Py_NewRef(marker);
+    self->seen = PyList_New(0);
+    if (self->seen == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+/* The code of request `rid`, from `known` or made; -1 with an exception. */
+static Py_ssize_t code_of(PyObject *rid, PyObject *known, PyObject *families, PyObject *marker) {
+    PyObject *code = PyDict_GetItemWithError(known, rid);
+    if (code == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        if (!PyUnicode_Check(rid)) {
+            PyErr_SetString(PyExc_TypeError, "request ids are strings");
+            return -1;
+        }
+        Py_ssize_t at = PyUnicode_Find(rid, marker, 0, PyUnicode_GET_LENGTH(rid), 1);
+        if (at == -2)
+            return -1;
+        PyObject *family = at < 0 ? Py_NewRef(rid) : PyUnicode_Substring(rid, 0, at);
+        PyObject *next = family ? PyLong_FromSsize_t(PyDict_GET_SIZE(families)) : NULL;
+        code = next ? PyDict_SetDefault(families, family, next) : NULL;
+        if (code != NULL && PyDict_SetItem(known, rid, code) < 0)
+            code = NULL;
+        Py_XDECREF(family);
+        Py_XDECREF(next);
+        if (code == NULL)
+            return -1;
+    }
+    Py_ssize_t value = PyLong_AsSsize_t(code);
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    if (value < 0 || value >= MAX_CODE) {
+        PyErr_Format(PyExc_ValueError, "family code %zd outside [0, 2**24)", value);
+        return -1;
+    }
+    return value;
+}
+
+static PyObject *grouping_moves_step(Grouping *self, PyObject *args) {
+    PyObject *ids, *known, *families;
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &ids, &PyDict_Type, &known,
+                          &PyDict_Type, &families))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(ids), m = PyList_GET_SIZE(self->seen);
+    /* the codes of this batch: the last batch's, -1 past its end, then
+     * read where the request changed (on a copy: nothing changes on error) */
+    Py_ssize_t *codes = PyMem_Malloc(sizeof(Py_ssize_t) * (n ? n : 1));
+    if (codes == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++)
+        codes[i] = i < m ? self->codes[i] : -1;
+    int kept = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rid = PyList_GET_ITEM(ids, i);
+        if (i < m && rid == PyList_GET_ITEM(self->seen, i))
+            continue;
+        Py_ssize_t code = code_of(rid, known, families, self->marker);
+        if (code < 0) {
+            PyMem_Free(codes);
+            return NULL;
+        }
+        if (code != codes[i]) {
+            codes[i] = code;
+            kept = 0;
+        }
+    }
+    PyObject *moves = kept ? Py_NewRef(Py_None) : moves_of(codes, n);
+    PyObject *snapshot = moves ? PyList_GetSlice(ids, 0, n) : NULL;
+    if (snapshot == NULL) {
+        Py_XDECREF(moves);
+        PyMem_Free(codes);
+        return NULL;
+    }
+    if (moves != Py_None) {
+        Moves mv;
+        if (read_moves(PyTuple_GET_ITEM(moves, 0), PyTuple_GET_ITEM(moves, 1), &mv) < 0) {
+            Py_DECREF(moves);
+            Py_DECREF(snapshot);
+            PyMem_Free(codes);
+            return NULL;
+        }
+        permute_items(snapshot, &mv);
+        for (Py_ssize_t i = 0; i < mv.cycles_len; i++) {
+            Py_ssize_t row = mv.cycles[i], first = codes[row];
+            for (; mv.cycles[i + 1] >= 0; i++, row = mv.cycles[i])
+                codes[row] = codes[mv.cycles[i + 1]];
+            codes[row] = first;
+            i++;
+        }
+        free_moves(&mv);
+    }
+    Py_SETREF(self->seen, snapshot);
+    PyMem_Free(self->codes);
+    self->codes = codes;
+    return moves;
+}
+
+static PyObject *grouping_codes(Grouping *self, PyObject *unused) {
+    Py_ssize_t n = PyList_GET_SIZE(self->seen);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *code = PyLong_FromSsize_t(self->codes[i]);
+        if (code == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, code);
+    }
+    return out;
+}
+
+static PyObject *grouping_reset(Grouping *self, PyObject *unused) {
+    PyObject *empty = PyList_New(0);
+    if (empty == NULL)
+        return NULL;
+    Py_SETREF(self->seen, empty);
+    return Py_NewRef(Py_None);
+}
+
+static PyObject *grouping_seen(Grouping *self, void *unused) { return Py_NewRef(self->seen); }
+
+static PyMethodDef grouping_methods[] = {
+    {"moves", (PyCFunction)grouping_moves_step, METH_VARARGS, NULL},
+    {"codes", (PyCFunction)grouping_codes, METH_NOARGS, NULL},
+    {"reset", (PyCFunction)grouping_reset, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef grouping_getset[] = {
+    {"seen", (getter)grouping_seen, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject GroupingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "vllm_seqhooks.native._rows.Grouping",
+    .tp_basicsize = sizeof(Grouping),
+    .tp_dealloc = (destructor)grouping_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = grouping_doc,
+    .tp_methods = grouping_methods,
+    .tp_getset = grouping_getset,
+    .tp_new = grouping_new,
+};
 
 /* ------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
-    {"read_codes", read_codes, METH_VARARGS, read_codes_doc},
     {"grouping_moves", grouping_moves, METH_VARARGS, grouping_moves_doc},
-    {"group", group, METH_VARARGS, group_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -691,10 +758,12 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__rows(void) {
-    if (PyType_Ready(&BatchRowsType) < 0)
+    if (PyType_Ready(&BatchRowsType) < 0 || PyType_Ready(&GroupingType) < 0)
         return NULL;
     PyObject *mod = PyModule_Create(&module);
-    if (mod != NULL && PyModule_AddObjectRef(mod, "BatchRows", (PyObject *)&BatchRowsType) < 0)
+    if (mod != NULL &&
+        (PyModule_AddObjectRef(mod, "BatchRows", (PyObject *)&BatchRowsType) < 0 ||
+         PyModule_AddObjectRef(mod, "Grouping", (PyObject *)&GroupingType) < 0))
         Py_CLEAR(mod);
     return mod;
 }
