@@ -1,4 +1,4 @@
-"""The compiled kernels of the family batch order (vllm_seqhooks/native/_rows.c)
+"""The compiled kernels of the family batch order (vllm_seqhooks/native/*.c)
 give what their Python implementations give, and refuse bad arguments
 without changing anything."""
 

@@ -1,6 +1,7 @@
 """Compiled kernels (C) of the family batch order, optional.
 
-``_rows.c`` holds the grouping decision of :mod:`vllm_seqhooks.core.batch_order`
+The C extension ``_rows`` (``_rows.c``, ``grouping.c``, ``batch_rows.c``,
+``moves.c``) holds the grouping decision of :mod:`vllm_seqhooks.core.batch_order`
 and the row moves that apply it to the V1 model runner's persistent batch
 (:mod:`vllm_seqhooks.engine.vllm_private.input_batch`): the same results as
 their pure-Python implementations (``tests/test_native.py`` compares them),
