@@ -152,16 +152,18 @@ def test_a_kept_grouping_decides_as_a_fresh_one(seed, kernels):
         assert len(blocks(ids)) == len({family_of(r) for r in ids})
 
 
-def test_family_codes_are_remembered_and_forgotten_in_bulk():
+def test_family_codes_are_remembered_and_forgotten_in_bulk(kernels):
     grouping = FamilyGrouping(forget_after=4)
     ids = ["a", f"b{M}0", f"a{M}0", "b"]
     codes = grouping.codes(ids)
     assert codes[0] == codes[2] != codes[1] == codes[3]
-    assert grouping.codes(ids) == codes
-    grouping.codes(["c", "d"])  # past forget_after: starts afresh, still right
-    again = grouping.codes(ids)
-    assert again[0] == again[2] != again[1] == again[3]
-    assert len(grouping._code_of_request) <= 6
+    assert grouping.moves(ids) is not None  # a and b interleaved
+    assert grouping.moves(["c", "d", f"c{M}1"]) is not None
+    assert len(grouping._code_of_request) == 7  # past forget_after: forgotten next
+    assert grouping.moves(["c", f"c{M}1", "d"]) is None  # read afresh, still right
+    assert len(grouping._code_of_request) == 3
+    # d keeps its first run (row 0): row 1 takes d{M}2 from row 3, row 3 takes c
+    assert grouping.moves(["d", "c", f"c{M}1", f"d{M}2"]) == ([3, 1], [1, 3])
 
 
 def test_batch_order_setting_is_validated():

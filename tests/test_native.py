@@ -12,7 +12,7 @@ import pytest
 
 from vllm_seqhooks import native
 from vllm_seqhooks.core.batch_order import (
-    group_in_python,
+    FamilyGrouping,
     grouping_moves_in_python,
     moves_as_swaps,
 )
@@ -58,18 +58,17 @@ def test_grouping_moves_refuse_codes_out_of_range():
 
 def test_grouping_steps_equal_the_python_ones():
     """Step after step (requests finishing, the runner condensing, requests
-    entering, equal ids in new string objects, children of new families),
-    the compiled step reads the same codes, decides the same moves and keeps
-    the same batch as the Python one (group_in_python)."""
+    entering, equal ids in new string objects, children of new families,
+    the dicts forgotten past forget_after), the compiled step reads the same
+    codes, decides the same moves and keeps the same batch as the Python
+    one (FamilyGrouping without the kernels: group_in_python)."""
     rng = random.Random(4)
     for _ in range(60):
-        compiled = rows.Grouping(M)
+        forget_after = rng.choice([10, 40, 8192])
         known_c: dict[str, int] = {}
         families_c: dict[str, int] = {}
-        seen: list[str] = []
-        codes: list[int] = []
-        known: dict[str, int] = {}
-        families: dict[str, int] = {}
+        compiled = rows.Grouping(M, known_c, families_c, forget_after)
+        python = _python_grouping(forget_after)
         ids: list[str] = []
         for _ in range(30):
             for _ in range(rng.randint(0, 3)):  # finished: the runner condenses
@@ -83,27 +82,33 @@ def test_grouping_steps_equal_the_python_ones():
             if ids and rng.random() < 0.2:
                 k = rng.randrange(len(ids))
                 ids[k] = "".join(list(ids[k]))  # equal, another object
-            seen, codes, want = group_in_python(ids, seen, codes, known, families)
-            got = compiled.moves(ids, known_c, families_c)
-            assert got == want
-            assert compiled.seen == seen and compiled.codes() == codes
-            assert (known_c, families_c) == (known, families)
-            ids = list(seen)
-        compiled.reset()  # forgets the batch: every position is read again
-        assert compiled.seen == [] and compiled.codes() == []
-        assert compiled.moves(ids, known_c, families_c) == group_in_python(
-            ids, [], [], known, families)[2]
+            want = python.moves(ids)
+            assert compiled.moves(ids) == want
+            assert compiled.seen == python._ids and compiled.codes() == python._codes
+            assert (known_c, families_c) == (python._code_of_request, python._code_of_family)
+            ids = list(python._ids)
+
+
+def _python_grouping(forget_after: int):
+    saved, native.rows = native.rows, None
+    try:
+        return FamilyGrouping(forget_after)
+    finally:
+        native.rows = saved
 
 
 def test_grouping_refuses_and_keeps_its_batch():
-    compiled = rows.Grouping(M)
     known: dict = {}
-    assert compiled.moves(["a", "b", "a"], known, {}) is not None
+    compiled = rows.Grouping(M, known, {}, 8192)
+    assert compiled.moves(["a", "b", "a"]) is not None
     before = (compiled.seen, compiled.codes())
     with pytest.raises(TypeError):  # not a request id
-        compiled.moves(["a", 1, "b"], known, {})
+        compiled.moves(["a", 1, "b"])
+    known["c"] = -5
     with pytest.raises(ValueError):  # a code out of range
-        compiled.moves(["a", "c"], {"a": 0, "c": -5}, {})
+        compiled.moves(["a", "c"])
+    with pytest.raises(TypeError):
+        compiled.moves(("a", "b"))
     assert (compiled.seen, compiled.codes()) == before
 
 

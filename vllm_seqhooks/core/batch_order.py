@@ -65,12 +65,15 @@ class FamilyGrouping:
         self._code_of_request: dict[str, int] = {}
         self._code_of_family: dict[str, int] = {}
         self._forget_after = forget_after
-        kernels = native.rows
-        #: The compiled step (it keeps the batch and its codes), or None:
-        #: then the batch after the last moves, and its codes, are here.
-        self._compiled = kernels.Grouping(CHILD_ID_MARKER) if kernels is not None else None
         self._ids: list[str] = []
         self._codes: list[int] = []
+        #: The compiled step (it keeps the batch and its codes), or None.
+        self._compiled = None
+        kernels = native.rows
+        if kernels is not None:
+            self._compiled = kernels.Grouping(CHILD_ID_MARKER, self._code_of_request,
+                                              self._code_of_family, forget_after)
+            self.moves = self._compiled.moves  # each step one C call
 
     def moves(self, request_ids: list[str]) -> Moves | None:
         """The moves that group ``request_ids`` by family, or None when
@@ -80,10 +83,6 @@ class FamilyGrouping:
             known.clear()
             self._code_of_family.clear()
             self._ids, self._codes = [], []
-            if self._compiled is not None:
-                self._compiled.reset()
-        if self._compiled is not None:
-            return self._compiled.moves(request_ids, known, self._code_of_family)
         self._ids, self._codes, moves = group_in_python(
             request_ids, self._ids, self._codes, known, self._code_of_family)
         return moves

@@ -147,40 +147,51 @@ static PyObject *grouping_moves(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(grouping_doc,
-"Grouping(marker)\n\n"
-"vllm_seqhooks.core.batch_order.group_in_python, step after step, keeping\n"
-"the last batch (after its moves) and its family codes (as C integers).\n"
-"moves(ids, known, families) -> (dst, src) or None: the codes read only\n"
-"where `ids` does not hold the very object the last batch held (and past\n"
-"its end), from `known` (request id -> code) or, for a request not in it,\n"
-"from `families` (family id -> code; a new family gets the next code), its\n"
-"family being its id up to `marker`; unless every such position holds a\n"
-"member of the family it held, the moves that group them. `seen` and\n"
-"`codes()` are the batch and codes kept; reset() forgets them.");
+"Grouping(marker, known, families, forget_after)\n\n"
+"vllm_seqhooks.core.batch_order.FamilyGrouping's step (group_in_python),\n"
+"step after step, keeping the last batch (after its moves) and its family\n"
+"codes (as C integers). moves(ids) -> (dst, src) or None: the codes read\n"
+"only where `ids` does not hold the very object the last batch held (and\n"
+"past its end), from `known` (request id -> code) or, for a request not in\n"
+"it, from `families` (family id -> code; a new family gets the next code),\n"
+"its family being its id up to `marker`; unless every such position holds\n"
+"a member of the family it held, the moves that group them. When `known`\n"
+"holds more than `forget_after` requests, both dicts and the batch kept are\n"
+"forgotten first. `seen` and `codes()` are the batch and codes kept.");
 
 typedef struct {
     PyObject_HEAD
     PyObject *marker;
+    PyObject *known;
+    PyObject *families;
+    Py_ssize_t forget_after;
     PyObject *seen;
     Py_ssize_t *codes;
 } Grouping;
 
 static void grouping_dealloc(Grouping *self) {
     Py_XDECREF(self->marker);
+    Py_XDECREF(self->known);
+    Py_XDECREF(self->families);
     Py_XDECREF(self->seen);
     PyMem_Free(self->codes);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *grouping_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"marker", NULL};
-    PyObject *marker;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "U", names, &marker))
+    static char *names[] = {"marker", "known", "families", "forget_after", NULL};
+    PyObject *marker, *known, *families;
+    Py_ssize_t forget_after;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO!O!n", names, &marker, &PyDict_Type,
+                                     &known, &PyDict_Type, &families, &forget_after))
         return NULL;
     Grouping *self = (Grouping *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
     self->marker = Py_NewRef(marker);
+    self->known = Py_NewRef(known);
+    self->families = Py_NewRef(families);
+    self->forget_after = forget_after;
     self->seen = PyList_New(0);
     if (self->seen == NULL) {
         Py_DECREF(self);
@@ -222,11 +233,19 @@ static Py_ssize_t code_of(PyObject *rid, PyObject *known, PyObject *families, Py
     return value;
 }
 
-static PyObject *grouping_moves_step(Grouping *self, PyObject *args) {
-    PyObject *ids, *known, *families;
-    if (!PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &ids, &PyDict_Type, &known,
-                          &PyDict_Type, &families))
+static PyObject *grouping_moves_step(Grouping *self, PyObject *ids) {
+    if (!PyList_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "the batch's request ids are a list");
         return NULL;
+    }
+    if (PyDict_GET_SIZE(self->known) > self->forget_after) { /* finished ones accumulate */
+        PyDict_Clear(self->known);
+        PyDict_Clear(self->families);
+        PyObject *empty = PyList_New(0);
+        if (empty == NULL)
+            return NULL;
+        Py_SETREF(self->seen, empty);
+    }
     Py_ssize_t n = PyList_GET_SIZE(ids), m = PyList_GET_SIZE(self->seen);
     /* the codes of this batch: the last batch's, -1 past its end, then
      * read where the request changed (on a copy: nothing changes on error) */
@@ -240,7 +259,7 @@ static PyObject *grouping_moves_step(Grouping *self, PyObject *args) {
         PyObject *rid = PyList_GET_ITEM(ids, i);
         if (i < m && rid == PyList_GET_ITEM(self->seen, i))
             continue;
-        Py_ssize_t code = code_of(rid, known, families, self->marker);
+        Py_ssize_t code = code_of(rid, self->known, self->families, self->marker);
         if (code < 0) {
             PyMem_Free(codes);
             return NULL;
@@ -288,20 +307,11 @@ static PyObject *grouping_codes(Grouping *self, PyObject *unused) {
     return out;
 }
 
-static PyObject *grouping_reset(Grouping *self, PyObject *unused) {
-    PyObject *empty = PyList_New(0);
-    if (empty == NULL)
-        return NULL;
-    Py_SETREF(self->seen, empty);
-    return Py_NewRef(Py_None);
-}
-
 static PyObject *grouping_seen(Grouping *self, void *unused) { return Py_NewRef(self->seen); }
 
 static PyMethodDef grouping_methods[] = {
-    {"moves", (PyCFunction)grouping_moves_step, METH_VARARGS, NULL},
+    {"moves", (PyCFunction)grouping_moves_step, METH_O, NULL},
     {"codes", (PyCFunction)grouping_codes, METH_NOARGS, NULL},
-    {"reset", (PyCFunction)grouping_reset, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

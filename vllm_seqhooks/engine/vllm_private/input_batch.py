@@ -128,11 +128,29 @@ def permute_input_batch(batch, moves: Moves, max_drafts: int | None = None) -> N
     allowed = _verdict.get(type(batch))
     if allowed is None:
         allowed = _one_pass_allowed(type(batch))
-    if len(moves[0]) < ONE_PASS_FROM or not allowed:
+    to_rows, from_rows = moves
+    if len(to_rows) < ONE_PASS_FROM or not allowed:
         for i, j in moves_as_swaps(moves):
             batch.swap_states(i, j)
         return
-    _permute_rows(batch, moves, max_drafts)
+    # swap_states copies each pair's longer active prefix (prompt, output
+    # and draft tokens): here the longest of the moved rows (or more).
+    if max_drafts is None:
+        max_drafts = max(map(len, map(batch.spec_token_ids.__getitem__, from_rows)))
+    kernels = native.rows
+    if kernels is None:
+        _permute_in_python(batch, moves, max_drafts)
+        return
+    last, rows = _last_rows
+    if last() is not batch:
+        rows = _rows_of(batch, kernels)
+    if batch.is_pooling_model:
+        rows.permute(to_rows, from_rows, max_drafts)
+        return
+    rows.permute(to_rows, from_rows, max_drafts, batch.batch_update_builder.moved,
+                 _SWAP if _SWAP is not None else _swap_tag())
+    if batch.allowed_token_ids_mask_cpu_tensor is not None:
+        _permute_mask(batch, to_rows, from_rows)
 
 
 def check_one_pass(batch_cls: type | None = None) -> bool:
@@ -157,39 +175,36 @@ def _one_pass_allowed(batch_cls: type) -> bool:
     return allowed
 
 
-def _permute_rows(batch, moves: Moves, max_drafts: int | None) -> None:
-    kernels = native.rows
+def _permute_in_python(batch, moves: Moves, max_drafts: int) -> None:
+    """What the compiled ``BatchRows.permute`` does, with numpy and Python."""
     to_rows, from_rows = moves
-    # swap_states copies each pair's longer active prefix (prompt, output
-    # and draft tokens): here the longest of the moved rows (or more).
-    if max_drafts is None:
-        max_drafts = max(map(len, map(batch.spec_token_ids.__getitem__, from_rows)))
     pooling = batch.is_pooling_model
+    dst, src = np.array(to_rows), np.array(from_rows)
+    width = int(batch.num_tokens_no_spec[src].max()) + max_drafts
+    for name in TOKEN_ROWS:
+        rows = getattr(batch, name)
+        rows[dst, :width] = rows[src, :width]
+    for name in ROW_LISTS:
+        _permute_list(getattr(batch, name), to_rows, from_rows)
+    ids = batch._req_ids
+    batch.req_id_to_index.update(zip(map(ids.__getitem__, to_rows), to_rows))
+    for array in _row_arrays(batch, pooling):
+        _permute_array(array, dst, src)
+    for values in _row_dicts(batch, pooling):
+        _permute_dict(values, to_rows, from_rows)
+    if pooling:
+        return
     swap = _SWAP if _SWAP is not None else _swap_tag()
-    if kernels is not None:
-        _rows_of(batch, kernels).permute(
-            to_rows, from_rows, max_drafts,
-            None if pooling else batch.batch_update_builder.moved, swap)
-    else:
-        dst, src = np.array(to_rows), np.array(from_rows)
-        width = int(batch.num_tokens_no_spec[src].max()) + max_drafts
-        for name in TOKEN_ROWS:
-            rows = getattr(batch, name)
-            rows[dst, :width] = rows[src, :width]
-        for name in ROW_LISTS:
-            _permute_list(getattr(batch, name), to_rows, from_rows)
-        ids = batch._req_ids
-        batch.req_id_to_index.update(zip(map(ids.__getitem__, to_rows), to_rows))
-        for array in _row_arrays(batch, pooling):
-            _permute_array(array, dst, src)
-        for values in _row_dicts(batch, pooling):
-            _permute_dict(values, to_rows, from_rows)
-        if not pooling:
-            batch.batch_update_builder.moved.extend(
-                [(i, j, swap) for i, j in moves_as_swaps(moves)])
-    mask = None if pooling else batch.allowed_token_ids_mask_cpu_tensor
-    if mask is not None:
-        mask[to_rows] = mask[from_rows]
+    batch.batch_update_builder.moved.extend([(i, j, swap) for i, j in moves_as_swaps(moves)])
+    if batch.allowed_token_ids_mask_cpu_tensor is not None:
+        _permute_mask(batch, to_rows, from_rows)
+
+
+def _permute_mask(batch, to_rows: list[int], from_rows: list[int]) -> None:
+    """The allowed-token mask (a torch tensor, present when a request
+    restricts its tokens)."""
+    mask = batch.allowed_token_ids_mask_cpu_tensor
+    mask[to_rows] = mask[from_rows]
 
 
 _SWAP = None
@@ -236,9 +251,6 @@ def _rows_of(batch, kernels):
     replaces them: :func:`input_batch_problems`), so it is kept while the
     batch lives."""
     global _last_rows
-    last, rows = _last_rows
-    if last() is batch:
-        return rows
     rows = _ROWS.get(batch)
     if rows is None:
         rows = _ROWS[batch] = kernels.BatchRows(
@@ -247,8 +259,14 @@ def _rows_of(batch, kernels):
             whole_rows=tuple(_row_arrays(batch, batch.is_pooling_model)),
             counts=batch.num_tokens_no_spec, index=batch.req_id_to_index, keys=batch._req_ids,
             dicts=tuple(_row_dicts(batch, batch.is_pooling_model)))
-    _last_rows = (weakref.ref(batch), rows)
+    _last_rows = (weakref.ref(batch, _forget_last_rows), rows)
     return rows
+
+
+def _forget_last_rows(_dead) -> None:
+    """The last batch is gone: let its arrays go too."""
+    global _last_rows
+    _last_rows = (lambda: None, None)
 
 
 def _permute_array(array, dst, src) -> None:
