@@ -387,5 +387,7 @@ def test_families_are_contiguous_in_the_model_batch(engines):
     assert all(grouped(after) for _, after in seen), [a for _, a in seen if not grouped(a)]
     assert all(sorted(b) == sorted(a) for b, a in seen)
     # the stock engine in the same process keeps vLLM's order
-    assert model_runner_of(stock).__dict__.get("_seqhooks_family_order") in (None, False)
+    assert model_runner_of(stock).__dict__.get("_seqhooks_family_grouping") in (None, False)
+    assert type(model_runner_of(hooked).__dict__.get("_seqhooks_family_grouping")).__name__ \
+        == "FamilyGrouping"
     assert_engine_idle(hooked)

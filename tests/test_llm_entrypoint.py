@@ -102,7 +102,7 @@ def test_hooks_with_two_tensor_parallel_worker_processes(tiny_model_dir, tiny_ll
         assert [o.outputs[0].text for o in outs] == [
             "a<promise>x</promise>b<promise>y</promise><sync>AAAA\nBBBBBe"] * 3
         flags = llm.collective_rpc(
-            lambda self: self.model_runner.__dict__.get("_seqhooks_family_order"))
-        assert flags == [True, True]
+            lambda self: type(self.model_runner.__dict__.get("_seqhooks_family_grouping")).__name__)
+        assert flags == ["FamilyGrouping"] * 2
     finally:
         llm.llm_engine.engine_core.shutdown()

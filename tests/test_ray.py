@@ -134,13 +134,13 @@ def test_tensor_parallel_ray_workers_on_one_node(monkeypatch):
     try:
         got = _answers(llm, task, prompts)
         flags = llm.collective_rpc(
-            lambda self: self.model_runner.__dict__.get("_seqhooks_family_order"))
+            lambda self: type(self.model_runner.__dict__.get("_seqhooks_family_grouping")).__name__)
         workers = llm.collective_rpc(lambda self: type(self).__name__)
     finally:
         llm.shutdown()
     assert got == reference
     assert all(task.check(p, text) for p, (text, _) in zip(task.heldout_problems(6), got))
-    assert flags == [True, True]
+    assert flags == ["FamilyGrouping"] * 2
     assert len(workers) == 2
 
 
