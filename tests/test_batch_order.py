@@ -9,6 +9,7 @@ import pytest
 
 from vllm_seqhooks.core.batch_order import FamilyGrouping, family_of, moves_as_swaps
 from vllm_seqhooks.core.request_tree import CHILD_ID_MARKER as M
+from vllm_seqhooks.testing.batch_churn import finish_some
 
 
 def apply(ids, swaps):
@@ -130,12 +131,7 @@ def test_a_kept_grouping_decides_as_a_fresh_one(seed, kernels):
     ids: list[str] = []
     serial = 0
     for _ in range(120):
-        for _ in range(rng.randint(0, 4)):  # finished: the runner condenses
-            if ids:
-                hole = rng.randrange(len(ids))
-                last = ids.pop()
-                if hole < len(ids):
-                    ids[hole] = last
+        finish_some(ids, rng, 4)  # the runner condenses
         for _ in range(rng.randint(0, 5)):
             serial += 1
             ids.append(f"r{rng.randrange(8)}{M}{serial}")

@@ -17,6 +17,7 @@ from vllm_seqhooks.core.batch_order import (
     moves_as_swaps,
 )
 from vllm_seqhooks.core.request_tree import CHILD_ID_MARKER as M
+from vllm_seqhooks.testing.batch_churn import finish_some
 
 if native.rows is None and native.why_not == f"{native.ENV}=0":
     pytest.skip(native.why_not, allow_module_level=True)
@@ -71,12 +72,7 @@ def test_grouping_steps_equal_the_python_ones():
         python = _python_grouping(forget_after)
         ids: list[str] = []
         for _ in range(30):
-            for _ in range(rng.randint(0, 3)):  # finished: the runner condenses
-                if ids:
-                    hole = rng.randrange(len(ids))
-                    last = ids.pop()
-                    if hole < len(ids):
-                        ids[hole] = last
+            finish_some(ids, rng, 3)  # the runner condenses
             ids += [f"r{rng.randrange(6)}" + f"{M}{rng.randrange(10**6)}" * rng.randrange(3)
                     for _ in range(rng.randint(0, 4))]
             if ids and rng.random() < 0.2:
