@@ -11,9 +11,13 @@ each child writes 32 tokens) at b families at once, through:
   model runner's batch by the compiled kernels of ``vllm_seqhooks.native``);
 * ``python``: the ``native`` engine with the kernels' Python
   implementations (as without a C compiler, or ``SEQHOOKS_NATIVE=0``);
-* ``pairwise``: the ``native`` engine deciding in Python and grouping
-  families pair by pair with vLLM's ``swap_states`` (how it was grouped when
-  issue 20 was filed; the same moves);
+* ``pairwise``: the ``native`` engine deciding in Python and moving the
+  same rows pair by pair with vLLM's ``swap_states`` (today's decision,
+  moved as when issue 20 was filed);
+* ``filed``: the ``native`` engine grouping as it did when issue 20 was
+  filed (``benchmarks/filed_grouping.py``: every step, every id read, the
+  families put in the order of their first member, pair by pair with
+  ``swap_states``): the baseline of the issue's "≤ 10 % of its cost today";
 * ``arrival``: the same with ``batch_order="arrival"`` (vLLM's own batch
   order: the reorder's cost without the family grouping);
 * ``loop``: the event-driven client loop over stock ``vllm.LLM``.
@@ -41,7 +45,9 @@ from typing import Any
 
 from benchmarks.common import Bench, interleaved, spread
 
-CONFIGS = ("native", "python", "pairwise", "arrival", "loop")
+CONFIGS = ("native", "python", "pairwise", "filed", "arrival", "loop")
+#: The family groupings compared (their reorder time minus ``arrival``'s).
+GROUPINGS = ("native", "python", "pairwise", "filed")
 SHAPE = dict(context=256, k=4, payload=4, continuation=16, child_tokens=32)
 
 
@@ -60,6 +66,8 @@ def _per_step(r: dict[str, Any]) -> dict[str, float]:
 
 def run(bench: Bench, sizes: list[int], repeats: int) -> dict[str, Any]:
     from benchmarks import forkjoin
+    from benchmarks.filed_grouping import grouping_as_filed
+    from vllm_seqhooks.testing.forkjoin import model_runner_of
 
     forkjoin.engines(bench)
     kv = bench.profile.settings["engines"]["kv_tokens"]
@@ -74,6 +82,10 @@ def run(bench: Bench, sizes: list[int], repeats: int) -> dict[str, Any]:
 
         def one(config: str, r: int) -> dict[str, float]:
             fams = fams_by_repeat.setdefault(r, forkjoin.families(point, r, sep))
+            if config == "filed":
+                runner = model_runner_of(bench.engines["native"])
+                with grouping_as_filed(runner, bench.probes["native"]):
+                    return _per_step(forkjoin.run_one(bench, "native", fams))
             if config not in ("python", "pairwise"):
                 return _per_step(forkjoin.run_one(bench, config, fams))
             with _in_python(pair_by_pair=config == "pairwise"):
@@ -89,15 +101,16 @@ def run(bench: Bench, sizes: list[int], repeats: int) -> dict[str, Any]:
         out["native/loop per request-step"] = spread([
             a["scheduler_us_per_request_step"] / b_["scheduler_us_per_request_step"]
             for a, b_ in zip(runs["native"], runs["loop"])])
-        for c in ("native", "python", "pairwise"):
+        for c in GROUPINGS:
             out[f"{c} family reorder us per step"] = spread([
                 a["reorder_us_per_step"] - b_["reorder_us_per_step"]
                 for a, b_ in zip(runs[c], runs["arrival"])])
-        for c in ("native", "python"):
-            out[f"{c} family reorder / pairwise"] = spread([
+        for c, base in (("native", "filed"), ("python", "filed"), ("pairwise", "filed"),
+                        ("native", "pairwise"), ("python", "pairwise")):
+            out[f"{c} family reorder / {base}"] = spread([
                 (a["reorder_us_per_step"] - z["reorder_us_per_step"])
                 / max(1e-9, p["reorder_us_per_step"] - z["reorder_us_per_step"])
-                for a, p, z in zip(runs[c], runs["pairwise"], runs["arrival"])])
+                for a, p, z in zip(runs[c], runs[base], runs["arrival"])])
         points[b] = out
         bench.log(f"  b{b}: scheduler us/request-step native "
                   f"{out['native']['scheduler_us_per_request_step']['median']:.1f} loop "
@@ -149,17 +162,27 @@ def report(results: dict[str, Any], command: str, env: dict[str, Any]) -> str:
                 f"{_m(p['scheduler_us_per_request_step'], 1)} | "
                 f"{_m(p['reorder_us_per_step'])} | {'yes' if p['correct'] else 'NO'} |")
     lines += ["", "Family grouping, µs per step: each configuration's reorder time minus "
-              "`arrival`'s (same repeat); the ratios are to `pairwise` (same repeat).", "",
-              "| families | native / loop, scheduler µs per request-step | native | python | "
-              "pairwise | native / pairwise | python / pairwise |",
-              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "`arrival`'s (same repeat).", "",
+              "| families | native / loop, scheduler µs per request-step | "
+              + " | ".join(GROUPINGS) + " |",
+              "| ---: | ---: |" + " ---: |" * len(GROUPINGS)]
     for b, point in results["points"].items():
         lines.append(f"| {b} | {_m(point['native/loop per request-step'], 2)} | "
-                     f"{_m(point['native family reorder us per step'])} | "
-                     f"{_m(point['python family reorder us per step'])} | "
-                     f"{_m(point['pairwise family reorder us per step'])} | "
-                     f"{_m(point['native family reorder / pairwise'], 3)} | "
-                     f"{_m(point['python family reorder / pairwise'], 3)} |")
+                     + " | ".join(_m(point[f"{c} family reorder us per step"])
+                                  for c in GROUPINGS) + " |")
+    ratios = [k.removesuffix(" family reorder / filed") for k in next(
+        iter(results["points"].values())) if k.endswith(" family reorder / filed")]
+    lines += ["", "Family grouping, ratios of the µs per step above (same repeat): to "
+              "`filed` (the grouping when issue 20 was filed: its goal is ≤ 0.10) and to "
+              "`pairwise` (today's decision, moved pair by pair).", "",
+              "| families | " + " | ".join(f"{c} / filed" for c in ratios)
+              + " | native / pairwise | python / pairwise |",
+              "| ---: |" + " ---: |" * (len(ratios) + 2)]
+    for b, point in results["points"].items():
+        lines.append(f"| {b} | " + " | ".join(
+            _m(point[f"{c} family reorder / {base}"], 3)
+            for c, base in [(c, "filed") for c in ratios]
+            + [("native", "pairwise"), ("python", "pairwise")]) + " |")
     return "\n".join(lines) + "\n"
 
 
