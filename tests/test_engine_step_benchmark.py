@@ -79,3 +79,22 @@ def test_the_filed_grouping_keeps_every_request_on_random_batches():
         for f in set(runs):  # members keep their order
             assert [r for r in grouped if family_of(r) == f] == \
                 [r for r in batch if family_of(r) == f]
+
+
+def test_trained_step_runs_native_and_both_loops(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.trained_step", "--prompts", "4", "--repeats", "1",
+         "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    results = json.loads((tmp_path / "trained_step.json").read_text())
+    assert results["correct"] == 4  # the trained model solves them natively
+    for config in ("native", "loop", "loop_b"):
+        p = results[config]
+        assert p["same_text"], config  # the loop computes native's text
+        assert p["scheduler_us_per_request_step"]["median"] > 0, config
+        assert p["requests_per_step"]["median"] > 1, config  # batched
+    assert results["native / loop"]["median"] > 0
+    md = (tmp_path / "trained_step.md").read_text()
+    assert "native / loop" in md and "A/A control" in md

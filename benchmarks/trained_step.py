@@ -1,0 +1,171 @@
+"""Scheduler time per scheduled request-step on the embedded trained model.
+
+``python -m benchmarks.trained_step [--prompts 96] [--repeats 5] [--out docs/benchmarks]``
+
+The workload issue 20 measured first: the embedded trained fork/join model
+(:mod:`vllm_seqhooks.tasks.forkjoin`: each held-out problem of 13-16 digits
+makes the model write its promises, each child sorts a chunk, the parent
+merges), greedy, ``--prompts`` problems at once, the model deciding where
+to fork. Through:
+
+* ``native``: ``vllm_seqhooks.LLM`` with the model's hook settings, one
+  ``generate`` call;
+* ``loop``: the project's client loop over a stock ``vllm.LLM``
+  (:class:`vllm_seqhooks.loops.promise_loop.ClientLoop`: one ``generate``
+  call per round for every parent, then one for their children; the only
+  client loop that builds children from their payloads, as this model's
+  settings ask);
+* ``loop_b``: ``loop`` again on a second stock engine (the A/A control).
+
+Timed on every engine the same way (:class:`benchmarks.common.EngineProbe`):
+seconds inside ``schedule()``, ``update_from_output()`` and EngineCore's
+building and adding of a client's requests; the model, the frontend and the
+client loop's own Python excluded (native builds its children inside
+``update_from_output``, so that work is timed on native's side only).
+Reported per scheduled request-step (the requests a step scheduled),
+median over repeats, configurations interleaved after one unmeasured run
+each; every run's texts are checked against native's first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import EngineProbe, close_engine, interleaved, spread
+
+CONFIGS = ("native", "loop", "loop_b")
+BASELINE = "loop"
+
+
+def _engines() -> dict[str, Any]:
+    from vllm import LLM as StockLLM
+
+    from vllm_seqhooks import LLM
+    from vllm_seqhooks.tasks import forkjoin as task
+
+    model = str(task.model_dir())
+    return {
+        "native": LLM(model, special_kwargs=task.hook_settings(), **task.ENGINE_KWARGS),
+        "loop": StockLLM(model, **task.ENGINE_KWARGS),
+        "loop_b": StockLLM(model, **task.ENGINE_KWARGS),
+    }
+
+
+def _run(config: str, llm: Any, probe: EngineProbe, prompts: list[str]) -> tuple[dict, list]:
+    from vllm import SamplingParams
+
+    from vllm_seqhooks.loops.promise_loop import ClientLoop
+    from vllm_seqhooks.tasks import forkjoin as task
+
+    params = SamplingParams(temperature=0.0, max_tokens=task.PARENT_MAX_TOKENS)
+    llm.reset_prefix_cache()
+    probe.reset()
+    if config == "native":
+        texts = [o.outputs[0].text
+                 for o in llm.generate(prompts, params, use_tqdm=False)]
+    else:
+        texts = [r.text for r in ClientLoop(llm, task.hook_settings()).generate(prompts, params)]
+    c = probe.take()
+    return {"scheduler_s": c.scheduler_s, "steps": c.steps,
+            "scheduled_request_steps": c.scheduled_request_steps,
+            "scheduler_us_per_request_step":
+                1e6 * c.scheduler_s / max(1, c.scheduled_request_steps),
+            "scheduler_us_per_step": 1e6 * c.scheduler_s / max(1, c.steps),
+            "requests_per_step": c.scheduled_request_steps / max(1, c.steps)}, texts
+
+
+def run(n_prompts: int, repeats: int) -> dict[str, Any]:
+    from vllm_seqhooks.tasks import forkjoin as task
+
+    problems = task.heldout_problems(n_prompts)
+    prompts = [p.prompt for p in problems]
+    engines = _engines()
+    probes = {name: EngineProbe(llm, log_steps=False) for name, llm in engines.items()}
+    try:
+        reference = _run("native", engines["native"], probes["native"], prompts)[1]
+        for name in ("loop", "loop_b"):
+            _run(name, engines[name], probes[name], prompts)  # unmeasured first run
+
+        def one(config: str, _r: int) -> dict[str, Any]:
+            row, texts = _run(config, engines[config], probes[config], prompts)
+            row["same_text"] = texts == reference
+            return row
+
+        runs = interleaved(list(CONFIGS), repeats, one)
+    finally:
+        for llm in engines.values():
+            close_engine(llm)
+    out: dict[str, Any] = {"prompts": n_prompts, "repeats": repeats,
+                           "correct": sum(task.check(p, t) for p, t in zip(problems, reference))}
+    for c in CONFIGS:
+        out[c] = {k: spread([r[k] for r in runs[c]])
+                  for k in ("scheduler_us_per_request_step", "scheduler_us_per_step",
+                            "requests_per_step", "steps")}
+        out[c]["same_text"] = all(r["same_text"] for r in runs[c])
+    for c in ("native", "loop_b"):
+        out[f"{c} / {BASELINE}"] = spread([
+            a["scheduler_us_per_request_step"] / b["scheduler_us_per_request_step"]
+            for a, b in zip(runs[c], runs[BASELINE])])
+    return out
+
+
+def report(results: dict[str, Any], command: str, env: dict[str, Any]) -> str:
+    def m(s: dict[str, float], nd: int = 1) -> str:
+        return f"{s['median']:.{nd}f} [{s['min']:.{nd}f}–{s['max']:.{nd}f}]"
+
+    lines = [
+        "# Scheduler time per scheduled request-step, embedded trained model",
+        "",
+        f"Command: `{command}` (what is timed: `benchmarks/trained_step.py`). "
+        f"Commit {env.get('git_commit', '?')}; {env.get('cpu', '?')}, {env.get('cores', '?')} "
+        f"cores. {results['prompts']} held-out problems at once, greedy "
+        f"({results['correct']} answered correctly by native). Median [min–max] of "
+        f"{results['repeats']} interleaved repeats.",
+        "",
+        "| configuration | engine steps | requests per step | scheduler µs / step | "
+        "scheduler µs / request-step | same text as native |",
+        "| --- | ---: | ---: | ---: | ---: | :---: |",
+    ]
+    for c in CONFIGS:
+        p = results[c]
+        lines.append(f"| {c} | {p['steps']['median']:.0f} | {m(p['requests_per_step'])} | "
+                     f"{m(p['scheduler_us_per_step'], 0)} | "
+                     f"{m(p['scheduler_us_per_request_step'])} | "
+                     f"{'yes' if p['same_text'] else 'NO'} |")
+    lines += ["", "| ratio per scheduled request-step (same repeat) | median [min–max] |",
+              "| --- | ---: |",
+              f"| native / loop | {m(results['native / loop'], 3)} |",
+              f"| loop_b / loop (A/A control) | {m(results['loop_b / loop'], 3)} |"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.common import environment, setup_env
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.trained_step",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write trained_step.{json,md} there")
+    args = parser.parse_args(argv)
+    setup_env(1)
+    env = environment(argv)
+    results = run(args.prompts, args.repeats)
+    command = f"python -m benchmarks.trained_step --prompts {args.prompts} --repeats {args.repeats}"
+    text = report(results, command, env)
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "trained_step.json").write_text(
+            json.dumps({"environment": env, **results}, indent=1))
+        (args.out / "trained_step.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
