@@ -95,6 +95,14 @@ def test_trained_step_runs_native_and_both_loops(tmp_path):
         assert p["same_text"], config  # the loop computes native's text
         assert p["scheduler_us_per_request_step"]["median"] > 0, config
         assert p["requests_per_step"]["median"] > 1, config  # batched
+    # Native's fork/join work is in its scheduler; each loop's own work is
+    # added to its scheduler time in the second column.
+    assert (results["native"]["with_client_us_per_request_step"]
+            == results["native"]["scheduler_us_per_request_step"])
+    for loop in ("loop", "loop_b"):
+        assert (results[loop]["with_client_us_per_request_step"]["median"]
+                > results[loop]["scheduler_us_per_request_step"]["median"])
     assert results["native / loop"]["median"] > 0
+    assert results["native / loop, loop's own work included"]["median"] > 0
     md = (tmp_path / "trained_step.md").read_text()
-    assert "native / loop" in md and "A/A control" in md
+    assert "native / loop" in md and "A/A control" in md and "with the loop's own work" in md
