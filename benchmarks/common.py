@@ -586,6 +586,11 @@ def spread(xs: Sequence[float]) -> dict[str, float]:
             "max": max(xs) if xs else float("nan"), "n": len(xs)}
 
 
+def fmt_spread(s: dict[str, float], digits: int = 0) -> str:
+    """A :func:`spread` as ``median [min–max]`` with ``digits`` decimals."""
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+
+
 def interleaved(configs: Sequence[str], repeats: int, run: Callable[[str, int], Any],
                 *, log: Callable[[str], None] | None = None) -> dict[str, list[Any]]:
     """Run every configuration once per repeat, rotating the order each

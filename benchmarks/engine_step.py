@@ -38,12 +38,11 @@ script.
 from __future__ import annotations
 
 import argparse
-import json
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Bench, interleaved, spread
+from benchmarks.common import Bench, fmt_spread, interleaved, spread
 
 CONFIGS = ("native", "python", "pairwise", "filed", "arrival", "loop")
 #: The family groupings compared (their reorder time minus ``arrival``'s).
@@ -141,10 +140,6 @@ def _in_python(pair_by_pair: bool):
         input_batch.ONE_PASS_FROM, native.rows = saved
 
 
-def _m(s: dict[str, float], nd: int = 0) -> str:
-    return f"{s['median']:.{nd}f} [{s['min']:.{nd}f}–{s['max']:.{nd}f}]"
-
-
 def report(results: dict[str, Any], command: str, env: dict[str, Any]) -> str:
     lines = [
         "# Scheduler and batch-reorder time per step, real engine",
@@ -162,17 +157,17 @@ def report(results: dict[str, Any], command: str, env: dict[str, Any]) -> str:
             p = point[c]
             lines.append(
                 f"| {b} | {c} | {p['requests_per_step']['median']:.0f} | "
-                f"{_m(p['scheduler_us_per_step'])} | "
-                f"{_m(p['scheduler_us_per_request_step'], 1)} | "
-                f"{_m(p['reorder_us_per_step'])} | {'yes' if p['correct'] else 'NO'} |")
+                f"{fmt_spread(p['scheduler_us_per_step'])} | "
+                f"{fmt_spread(p['scheduler_us_per_request_step'], 1)} | "
+                f"{fmt_spread(p['reorder_us_per_step'])} | {'yes' if p['correct'] else 'NO'} |")
     lines += ["", "Family grouping, µs per step: each configuration's reorder time minus "
               "`arrival`'s (same repeat).", "",
               "| families | native / loop, scheduler µs per request-step | "
               + " | ".join(GROUPINGS) + " |",
               "| ---: | ---: |" + " ---: |" * len(GROUPINGS)]
     for b, point in results["points"].items():
-        lines.append(f"| {b} | {_m(point['native/loop per request-step'], 2)} | "
-                     + " | ".join(_m(point[f"{c} family reorder us per step"])
+        lines.append(f"| {b} | {fmt_spread(point['native/loop per request-step'], 2)} | "
+                     + " | ".join(fmt_spread(point[f"{c} family reorder us per step"])
                                   for c in GROUPINGS) + " |")
     lines += ["", "Family grouping, ratios of the µs per step above (same repeat): to "
               "`filed` (the grouping when issue 20 was filed: its goal is ≤ 0.10) and to "
@@ -181,13 +176,13 @@ def report(results: dict[str, Any], command: str, env: dict[str, Any]) -> str:
               "| ---: |" + " ---: |" * len(RATIOS)]
     for b, point in results["points"].items():
         lines.append(f"| {b} | " + " | ".join(
-            _m(point[f"{c} family reorder / {base}"], 3) for c, base in RATIOS) + " |")
+            fmt_spread(point[f"{c} family reorder / {base}"], 3) for c, base in RATIOS) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.__main__ import profiles
-    from benchmarks.common import bench_model, environment, setup_env
+    from benchmarks.common import bench_model, environment, publish, setup_env
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_step",
                                      description=__doc__,
@@ -214,13 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     command = ("python -m benchmarks.engine_step --families "
                + " ".join(map(str, args.families)) + f" --repeats {args.repeats}"
                + ("" if args.profile == "quick" else f" --profile {args.profile}"))
-    text = report(results, command, env)
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "engine_step.json").write_text(
-            json.dumps({"environment": env, **results}, indent=1))
-        (args.out / "engine_step.md").write_text(text)
+    publish(args.out, "engine_step", {"environment": env, **results},
+            report(results, command, env))
     return 0
 
 

@@ -33,8 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.common import (EngineProbe, close_engine, environment, git_commit, interleaved,
-                               setup_env, spread)
+from benchmarks.common import (EngineProbe, close_engine, environment, fmt_spread, git_commit,
+                               interleaved, setup_env, spread)
 from vllm_seqhooks.tasks import threadweaver as task
 
 SIZES = {
@@ -365,7 +365,7 @@ SIDES = {
 
 
 def fmt(s: dict[str, float], digits: int = 3) -> str:
-    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}–{s['max']:.{digits}f}]"
+    return fmt_spread(s, digits)
 
 
 def part_table(part: dict[str, Any], sides: dict[str, str]) -> list[str]:

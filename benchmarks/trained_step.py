@@ -33,11 +33,10 @@ each; every run's texts are checked against native's first.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import EngineProbe, close_engine, interleaved, spread
+from benchmarks.common import EngineProbe, close_engine, fmt_spread, interleaved, spread
 
 CONFIGS = ("native", "loop", "loop_b")
 BASELINE = "loop"
@@ -125,9 +124,6 @@ def run(n_prompts: int, repeats: int) -> dict[str, Any]:
 
 
 def report(results: dict[str, Any], command: str, env: dict[str, Any]) -> str:
-    def m(s: dict[str, float], nd: int = 1) -> str:
-        return f"{s['median']:.{nd}f} [{s['min']:.{nd}f}–{s['max']:.{nd}f}]"
-
     lines = [
         "# Scheduler time per scheduled request-step, embedded trained model",
         "",
@@ -143,22 +139,23 @@ def report(results: dict[str, Any], command: str, env: dict[str, Any]) -> str:
     ]
     for c in CONFIGS:
         p = results[c]
-        lines.append(f"| {c} | {p['steps']['median']:.0f} | {m(p['requests_per_step'])} | "
-                     f"{m(p['scheduler_us_per_step'], 0)} | "
-                     f"{m(p['scheduler_us_per_request_step'])} | "
-                     f"{m(p['with_client_us_per_request_step'])} | "
+        lines.append(f"| {c} | {p['steps']['median']:.0f} | "
+                     f"{fmt_spread(p['requests_per_step'], 1)} | "
+                     f"{fmt_spread(p['scheduler_us_per_step'], 0)} | "
+                     f"{fmt_spread(p['scheduler_us_per_request_step'], 1)} | "
+                     f"{fmt_spread(p['with_client_us_per_request_step'], 1)} | "
                      f"{'yes' if p['same_text'] else 'NO'} |")
     lines += ["", "| ratio per scheduled request-step (same repeat) | scheduler only | "
               "with the loop's own work |", "| --- | ---: | ---: |"]
     for c, label in (("native", "native / loop"), ("loop_b", "loop_b / loop (A/A control)")):
         ratio = f"{c} / {BASELINE}"
-        lines.append(f"| {label} | {m(results[ratio], 3)} | "
-                     f"{m(results[ratio + WITH_OWN_WORK], 3)} |")
+        lines.append(f"| {label} | {fmt_spread(results[ratio], 3)} | "
+                     f"{fmt_spread(results[ratio + WITH_OWN_WORK], 3)} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.common import environment, setup_env
+    from benchmarks.common import environment, publish, setup_env
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.trained_step",
                                      description=__doc__,
@@ -172,13 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(argv)
     results = run(args.prompts, args.repeats)
     command = f"python -m benchmarks.trained_step --prompts {args.prompts} --repeats {args.repeats}"
-    text = report(results, command, env)
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "trained_step.json").write_text(
-            json.dumps({"environment": env, **results}, indent=1))
-        (args.out / "trained_step.md").write_text(text)
+    publish(args.out, "trained_step", {"environment": env, **results},
+            report(results, command, env))
     return 0
 
 
