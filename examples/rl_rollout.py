@@ -25,7 +25,8 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=2)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--show", type=int, default=1, help="samples whose per-call rows to print")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="picks the problems and seeds the samples (same seed, same rollout)")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
@@ -37,7 +38,10 @@ def main() -> None:
     llm = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS)
     tok = llm.get_tokenizer()
     problems = task.heldout_problems(args.problems, seed=task.HELDOUT_SEED + args.seed)
-    params = SamplingParams(n=args.group, temperature=1.0, max_tokens=task.PARENT_MAX_TOKENS)
+    # seeded: sample i of a group uses seed + i (vLLM), its children seeds derived from
+    # that, so the same --seed gives the same samples run to run
+    params = SamplingParams(n=args.group, temperature=1.0, max_tokens=task.PARENT_MAX_TOKENS,
+                            seed=args.seed)
     outs = llm.generate([p.prompt for p in problems], params, use_tqdm=False)
 
     shown = 0

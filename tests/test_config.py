@@ -90,6 +90,24 @@ def test_unknown_dict_field_is_rejected():
         coerce_special_kwargs([1, 2])
 
 
+@pytest.mark.parametrize("build", [
+    lambda kw: SpecialKwargs(sync_token_id=1, promise_token_id=4, **kw),
+    lambda kw: SpecialKwargs.from_dict({"sync_token_id": 1, "promise_token_id": 4, **kw})],
+    ids=["keywords", "dict"])
+def test_unknown_field_names_the_nearest_and_the_known_ones(build):
+    """A misspelt field, as keyword or dict key, names the field meant and
+    lists the known ones (a TypeError as well, like any unknown keyword)."""
+    with pytest.raises(TypeError) as err:
+        build({"max_child_dept": 2})
+    assert isinstance(err.value, SpecialKwargsError)
+    message = str(err.value)
+    assert "'max_child_dept' (did you mean 'max_child_depth'?)" in message
+    assert "known fields: batch_order," in message and "sync_token_id" in message
+    with pytest.raises(SpecialKwargsError) as err:
+        build({"zzz": 1})
+    assert "'zzz';" in str(err.value)  # nothing close: no guess
+
+
 def test_token_strings_resolve_through_tokenizer():
     k = SpecialKwargs(sync_token="<sync>", promise_token="<promise>",
                       promise_end_token="</promise>", merge_separator=" | ")

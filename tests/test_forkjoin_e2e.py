@@ -346,6 +346,14 @@ def test_each_of_n_samples_is_its_own_family_with_its_own_trace(engines):
     assert len({r["base_id"] for r in rollout.per_call_rows(out)}) == 3
     again = gen(hooked, [PROMPT], params)[0]
     assert [[c["output_token_ids"] for c in t["children"]] for t in again.hook_traces] == children
+    # a group in which no sample forks (GRPO's short problems): plain rows for all
+    plain = gen(hooked, [PROMPT], S.params("no hooks here", None, temperature=1.0,
+                                           seed=99, n=8))[0]
+    rows = rollout.training_rows(plain)
+    assert plain.hook_traces == [None] and len(rows) == 8
+    assert [r["response_ids"] for r in rows] == [list(c.token_ids) for c in plain.outputs]
+    assert all(set(r["response_mask"]) == {1} and set(r["node_ids"]) == {""} for r in rows)
+    assert len(rollout.per_call_rows(plain)) == 8
     assert [list(c.token_ids) for c in again.outputs] == [list(c.token_ids) for c in out.outputs]
 
 

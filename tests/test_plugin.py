@@ -208,3 +208,32 @@ def test_bad_tag_format_flags_exit_with_a_clear_message(tiny_model_dir, capsys, 
         serve_parser().parse_args([tiny_model_dir, *flags])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_cli_error_keeps_the_users_token_text(tiny_model_dir, capsys, monkeypatch, tmp_path):
+    """Field names become flag names in CLI errors, but not inside the
+    user's own values (``join`` is a field; ``'<join>'`` is the user's)."""
+    from vllm_seqhooks.engine.metrics import ENV_DIR
+
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    with pytest.raises(SystemExit) as exc:
+        serve_parser().parse_args([tiny_model_dir, "--sync-token", "<join>",
+                                   "--promise-token-id", "4"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--sync-token '<join>' is not a single token" in err
+    assert "<--join>" not in err
+
+
+def test_help_shows_defaults_as_typed():
+    """``vllm serve --help``: on/off for --fair-share, the newline of
+    --merge-separator as bash writes it, '' for empty text; and those
+    shown defaults never become settings."""
+    parser = serve_parser()
+    shown = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings}
+    assert shown["--fair-share"] == "on"
+    assert shown["--merge-separator"] == "$'\\n'"
+    assert shown["--merge-suffix"] == "''"
+    assert shown["--max-child-depth"] == 1
+    ns = parser.parse_args(["m"])  # (no hook flag: nothing is configured from them)
+    assert getattr(ns, "scheduler_cls", None) is None

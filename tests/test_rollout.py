@@ -136,7 +136,69 @@ def test_each_of_n_completions_gets_its_own_rows():
         for r in rollout.per_call_rows(_output([1, 2], RESPONSE, TRACE))]
     assert all(r["base_id"] == "0_req" for r in calls if r["completion_index"] == 0)
     assert [r["is_last"] for r in calls if r["node_id"] == ""] == [True, False, True]
-    # several prompts in one OpenAI response carry the first one's traces only
+    # a single trace for several samples: the per-sample traces were not collected
     out.kv_transfer_params = {TRACE_KEY: TRACE}
-    with pytest.raises(ValueError, match="one prompt per request"):
+    with pytest.raises(ValueError, match="not collected"):
+        rollout.training_rows(out)
+
+
+PLAIN = [7, 8, 9]
+
+
+def _group(forked: list[bool], openai: bool):
+    """An ``n = len(forked)`` group as the engine's frontend answers it:
+    sample i forked (TRACE, RESPONSE) or not (PLAIN, no trace), the traces
+    collected as the frontend patch does (``with_completion_traces``: no
+    list at all when no sample forked)."""
+    from vllm_seqhooks.core.trace import with_completion_traces
+
+    traces = [TRACE if f else None for f in forked]
+    params = {TRACE_KEY: traces[-1]} if traces[-1] is not None else None
+    params = with_completion_traces(params, traces)
+    responses = [RESPONSE if f else PLAIN for f in forked]
+    if openai:  # an OpenAI completion response (asked with return_token_ids), as JSON
+        return {"id": "cmpl-1", "kv_transfer_params": params, "choices": [
+            {"index": i, "token_ids": r, "prompt_token_ids": [1, 2], "logprobs": None}
+            for i, r in enumerate(responses)]}
+    return SimpleNamespace(
+        request_id="r", prompt_token_ids=[1, 2], kv_transfer_params=params,
+        outputs=[SimpleNamespace(index=i, token_ids=r, logprobs=None)
+                 for i, r in enumerate(responses)])
+
+
+@pytest.mark.parametrize("openai", [False, True], ids=["RequestOutput", "openai"])
+@pytest.mark.parametrize("forked", [
+    [True], [False], [True] * 8, [False] * 8, [False, True, False, False, True, False, False, False],
+    [True, False, False, False, False, False, False, False]],
+    ids=["n1-forked", "n1-plain", "n8-all", "n8-none", "n8-some", "n8-first"])
+def test_rows_for_any_mix_of_forked_and_plain_samples(forked, openai):
+    """GRPO groups in which no sample, some or all forked (short problems
+    never fork): every sample has its rows, a plain one all sampled by the
+    root, a forked one as if it were alone."""
+    out = _group(forked, openai)
+    rows = rollout.training_rows(out)
+    calls = rollout.per_call_rows(out)
+    (alone,) = rollout.training_rows(_output([1, 2], RESPONSE, TRACE))
+    alone_calls = [dict(c, base_id="", completion_index=0)
+                   for c in rollout.per_call_rows(_output([1, 2], RESPONSE, TRACE))]
+    assert len(rows) == len(forked)
+    for i, (row, f) in enumerate(zip(rows, forked)):
+        if f:
+            assert row == alone
+        else:
+            assert row["response_ids"] == PLAIN
+            assert row["response_mask"] == [1, 1, 1] and row["node_ids"] == ["", "", ""]
+            assert row["position_ids"] == list(range(5))
+        mine = [c for c in calls if c["completion_index"] == i]
+        assert [dict(c, base_id="", completion_index=0) for c in mine] == (
+            alone_calls if f else
+            [{"node_id": "", "base_id": "", "context_ids": [1, 2], "response_ids": PLAIN,
+              "is_last": True, "rollout_logprobs": None, "completion_index": 0}])
+    assert len({c["base_id"] for c in calls}) == len(forked)
+
+
+def test_several_prompts_in_one_openai_response_are_refused_by_name():
+    out = _group([True, False], openai=True)
+    out["choices"][1]["prompt_token_ids"] = [1, 3]
+    with pytest.raises(ValueError, match="2 different prompts"):
         rollout.training_rows(out)

@@ -386,6 +386,15 @@ def test_n_and_stop_strings(client, tiny_model_dir, S):
     rows = rollout.training_rows(r)
     assert [row["response_ids"] for row in rows] == [c.token_ids for c in r.choices]
     assert all(0 in row["response_mask"] for row in rows)  # the inserted separator
+    # a group in which no sample forks has rows too (and no trace at all)
+    r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                  temperature=1.0, seed=7, n=8,
+                                  extra_body={"vllm_xargs": xargs(S, "no hooks here", {}),
+                                              "return_token_ids": True})
+    rows = rollout.training_rows(r)
+    assert [row["response_ids"] for row in rows] == [c.token_ids for c in r.choices]
+    assert all(set(row["response_mask"]) == {1} for row in rows) and len(rows) == 8
+    assert len(rollout.per_call_rows(r)) == 8
     # a stop string is matched by vLLM's frontend on the parent's merged text
     r = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
                                   temperature=0, stop=["BBBB"],

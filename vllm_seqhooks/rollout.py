@@ -66,12 +66,9 @@ def _read(output: Any) -> list[Completion]:
     sample (``"<index>_<request id>"``)."""
     choices = _get(output, "choices")
     completions = list(choices if choices is not None else _get(output, "outputs", ()))
-    traces = completion_traces(output)
-    if len(completions) > 1 and len(traces) != len(completions):
-        raise ValueError(
-            f"{len(completions)} completions but {len(traces)} hook trace(s): rows need "
-            "one prompt per request (an OpenAI response answers several prompts with "
-            "the first one's traces only)")
+    if choices is not None:
+        _check_one_prompt(completions)
+    traces = _traces_per_completion(completion_traces(output), len(completions))
     request_id = str(_get(output, "request_id" if choices is None else "id", ""))
     read = []
     for i, comp in enumerate(completions):
@@ -88,6 +85,31 @@ def _read(output: Any) -> list[Completion]:
         prompt = _get(comp, "prompt_token_ids", None) or _get(output, "prompt_token_ids", ())
         read.append((list(prompt), list(response), trace, _logprobs_of_choice(comp), base))
     return read
+
+
+def _check_one_prompt(choices: list[Any]) -> None:
+    """An OpenAI response to several prompts carries the hook traces of the
+    first prompt's completions only: rows cannot be told apart there."""
+    prompts = {tuple(p) for p in (_get(c, "prompt_token_ids") for c in choices) if p is not None}
+    if len(prompts) > 1:
+        raise ValueError(
+            f"the response answers {len(prompts)} different prompts, and vLLM's server "
+            "returns the hook traces of the first prompt's completions only: send one "
+            "prompt per request to get training rows")
+
+
+def _traces_per_completion(traces: list[Optional[dict]], count: int) -> list[Optional[dict]]:
+    """One trace (or None: that sample never forked) per completion. With
+    ``n`` > 1 the engine lists each sample's trace; when no sample forked
+    there is no list and no trace at all."""
+    if len(traces) == count or count <= 1:
+        return traces
+    if traces == [None]:
+        return [None] * count
+    raise ValueError(
+        f"{count} completions but {len(traces)} hook trace(s): the per-sample traces of "
+        "an n > 1 request were not collected (read the output of vllm_seqhooks.LLM or "
+        "of a vllm serve started with hook flags, not of a stock vLLM frontend)")
 
 
 def _logprobs_of_rows(response: list[int], rows: Any) -> Optional[list[Optional[float]]]:

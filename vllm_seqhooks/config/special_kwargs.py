@@ -10,10 +10,11 @@ EngineCore (``additional_config["seqhooks"]``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from vllm_seqhooks.config import field_checks as check
 from vllm_seqhooks.config.field_checks import SpecialKwargsError
@@ -116,6 +117,13 @@ class SpecialKwargs:
     failed_child_marker_token_ids: tuple[int, ...] | None = field(default=None)
     child_prompt_prefix_token_ids: tuple[int, ...] | None = field(default=None)
     child_prompt_suffix_token_ids: tuple[int, ...] | None = field(default=None)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "SpecialKwargs":
+        # (before the generated __init__, whose TypeError would not say what is known)
+        unknown = set(kwargs) - {f.name for f in fields(cls)}
+        if unknown:
+            raise UnknownFieldError(unknown_fields_message(unknown, [f.name for f in fields(cls)]))
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         for name, check_value in FIELD_CHECKS.items():
@@ -313,13 +321,6 @@ class SpecialKwargs:
                 f"special_kwargs must be a SpecialKwargs or a dict, got "
                 f"{type(data).__name__}"
             )
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise SpecialKwargsError(
-                f"unknown special_kwargs field(s): {', '.join(unknown)}; "
-                f"known fields: {', '.join(sorted(known))}"
-            )
         return cls(**dict(data))
 
     def to_json(self) -> str:
@@ -347,6 +348,23 @@ class SpecialKwargs:
 
     def with_overrides(self, **overrides: Any) -> "SpecialKwargs":
         return dataclasses.replace(self, **overrides)
+
+
+class UnknownFieldError(SpecialKwargsError, TypeError):
+    """A field ``SpecialKwargs`` does not have (a ``TypeError`` too, as an
+    unknown keyword argument is)."""
+
+
+def unknown_fields_message(unknown: Iterable[str], known: Iterable[str]) -> str:
+    """Names the unknown fields, the nearest known one of each where one is
+    close, and all known fields."""
+    known = sorted(known)
+    parts = []
+    for name in sorted(unknown):
+        near = difflib.get_close_matches(name, known, n=1)
+        parts.append(f"{name!r} (did you mean {near[0]!r}?)" if near else repr(name))
+    return (f"unknown special_kwargs field(s): {', '.join(parts)}; "
+            f"known fields: {', '.join(known)}")
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

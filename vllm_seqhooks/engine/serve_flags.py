@@ -183,6 +183,22 @@ FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SpecialKwargs)}
 
 
+def shown_default(value: Any) -> Any:
+    """A default as ``--help`` shows it: as the user would type it
+    (``on``/``off``, ``''`` for empty text, bash's ``$'\\n'`` for text with
+    control characters). Only shown: the settings read back are the flags
+    given (:func:`hook_args_from_namespace`), never these defaults."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str):
+        if value == "":
+            return "''"
+        if not value.isprintable():
+            escaped = value.encode("unicode_escape").decode("ascii").replace("'", "\\'")
+            return f"$'{escaped}'"
+    return value
+
+
 def hook_flags(settings: dict[str, Any]) -> list[str]:
     """The ``vllm serve`` flags that give ``settings`` (SpecialKwargs
     fields -> values; None values are left out)."""
@@ -220,7 +236,8 @@ def add_hook_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
              "The other hook flags override them.")
     for flag, (name, kwargs) in FLAGS.items():
         group.add_argument(
-            flag, dest=DEST_PREFIX + name, default=_DEFAULTS[name], action=_Given, **kwargs
+            flag, dest=DEST_PREFIX + name, default=shown_default(_DEFAULTS[name]),
+            action=_Given, **kwargs
         )
     original = parser.parse_known_args
 
@@ -237,11 +254,24 @@ def add_hook_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
+#: A quoted value in a message (Python's repr of a string; an apostrophe inside a
+#: word, as in "model's", opens none): left as the user wrote it.
+_QUOTED = re.compile(r"(?<!\w)'(?:[^'\\]|\\.)*'" + r'|(?<!\w)"(?:[^"\\]|\\.)*"')
+
+
 def _as_flags(message: str) -> str:
-    """Name command-line flags, not SpecialKwargs fields, in CLI errors."""
-    for flag, (name, _kw) in sorted(FLAGS.items(), key=lambda kv: -len(kv[1][0])):
-        message = re.sub(rf"(?<![\w-]){name}(?![\w-])", flag, message)
-    return message
+    """Name command-line flags, not SpecialKwargs fields, in CLI errors
+    (outside quoted values: ``--sync-token '<join>'`` stays ``'<join>'``)."""
+    by_field = {name: flag for flag, (name, _kw) in FLAGS.items()}
+    field = re.compile(r"(?<![\w-])(" + "|".join(
+        sorted(map(re.escape, by_field), key=len, reverse=True)) + r")(?![\w-])")
+    out, at = [], 0
+    for quoted in _QUOTED.finditer(message):
+        out.append(field.sub(lambda m: by_field[m.group(1)], message[at:quoted.start()]))
+        out.append(quoted.group(0))
+        at = quoted.end()
+    out.append(field.sub(lambda m: by_field[m.group(1)], message[at:]))
+    return "".join(out)
 
 
 def hook_args_from_namespace(namespace: argparse.Namespace) -> dict[str, Any]:
