@@ -26,6 +26,16 @@ import json
 from openai import OpenAI
 
 from vllm_seqhooks import format_tree
+from vllm_seqhooks.core.trace import decorate
+
+
+def detokenize(url: str, model: str, ids: list[int]) -> str:
+    """Text of token ids, from vLLM's ``/detokenize`` endpoint."""
+    import httpx
+
+    r = httpx.post(url + "/detokenize", json={"model": model, "tokens": ids}, timeout=60)
+    r.raise_for_status()
+    return r.json()["prompt"]
 
 
 def scripted_xargs(model: str) -> dict:
@@ -73,6 +83,8 @@ def main() -> None:
                                      max_tokens=args.max_tokens, extra_body=extra)
     print("text:", repr(resp.choices[0].text))
     trace = (resp.model_extra.get("kv_transfer_params") or {}).get("seqhooks")
+    if trace:  # the trace carries token ids; the server's /detokenize gives their text
+        decorate(trace, lambda ids: detokenize(args.url, model, ids))
     print(format_tree(trace))
     if trace:
         print("usage:", trace["usage"])

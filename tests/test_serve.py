@@ -310,6 +310,8 @@ def test_example_client_runs(server):
     merged = "Plan:<promise>flights</promise><promise>hotel</promise><sync>Flight AB12\nHotel Rose Done."
     assert merged in r.stdout
     assert "join of ['0', '1']" in r.stdout
+    # payloads and outputs as text, as in-process (the trace itself carries ids)
+    assert "payload='flights' -> 'Flight AB12'" in r.stdout, r.stdout
 
 
 def test_training_rows_from_an_http_completion(client, tiny_model_dir, S):

@@ -10,7 +10,9 @@ of each request as ``output.hook_trace`` (None when no hook fired).
 
 from __future__ import annotations
 
+import atexit
 import os
+import weakref
 from typing import Any
 
 import vllm
@@ -19,6 +21,7 @@ from vllm_seqhooks.config.presets import coerce_special_kwargs
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.core.trace import attach_traces
 from vllm_seqhooks.engine import patches
+from vllm_seqhooks.engine.cpu_memory import cpu_memory_args
 from vllm_seqhooks.engine.engine_args import hook_engine_args, load_tokenizer
 
 
@@ -38,10 +41,15 @@ class LLM(vllm.LLM):
         if hooks is not None:
             if not hooks.is_resolved:
                 hooks = hooks.resolve(load_tokenizer(model, **kwargs))
-            kwargs = {**kwargs, **hook_engine_args(hooks, kwargs)}
+            kwargs = {**kwargs, **hook_engine_args(hooks, kwargs), **cpu_memory_args(kwargs)}
             patches.install_frontend_patches()
         super().__init__(model, **kwargs)
         self.special_kwargs = hooks
+        if hooks is not None:
+            # Stop the engine before multiprocessing's own exit handler kills
+            # its process (registered later, so run earlier): otherwise vLLM's
+            # monitor reports "engine core exited unexpectedly" at a normal exit.
+            atexit.register(_shutdown_at_exit, weakref.ref(self))
 
     def generate(self, prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any):
         outputs = super().generate(prompts, sampling_params, *args, **kwargs)
@@ -61,3 +69,9 @@ class LLM(vllm.LLM):
         interpreter's exit, where vLLM gives it 5 s and then kills it with a
         warning (on 2 CPU cores its worker alone took about 4 s to exit)."""
         self.llm_engine.engine_core.shutdown(timeout=timeout)
+
+
+def _shutdown_at_exit(llm_ref: "weakref.ref[LLM]") -> None:
+    llm = llm_ref()
+    if llm is not None:
+        llm.shutdown()

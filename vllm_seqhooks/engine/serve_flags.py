@@ -33,6 +33,7 @@ from vllm_seqhooks.config.special_kwargs import (
     SpecialKwargs,
     SpecialKwargsError,
 )
+from vllm_seqhooks.engine.cpu_memory import cpu_memory_args
 from vllm_seqhooks.engine.engine_args import hook_engine_args, load_tokenizer
 
 logger = logging.getLogger("vllm.seqhooks.plugin")
@@ -310,7 +311,10 @@ def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
             f"loaded from {model!r}: {exc}"
         ) from exc
     hooks = hooks.resolve(tokenizer)
-    for name, value in hook_engine_args(hooks, engine_args, CLI_NAMES).items():
+    memory = {name: getattr(namespace, name, None)
+              for name in ("kv_cache_memory_bytes", "gpu_memory_utilization")}
+    for name, value in {**hook_engine_args(hooks, engine_args, CLI_NAMES),
+                        **cpu_memory_args(memory)}.items():
         setattr(namespace, name, value)
     enable_metrics()
     namespace._seqhooks_applied = True
