@@ -90,3 +90,136 @@ def test_ray_on_cpu_switch_api_is_present_and_checked(monkeypatch):
     found = vllm_private.ray_on_cpu_problems()
     assert any("_get_actor_resource_kwargs" in p for p in found)
     assert any("get_node_and_physical_gpu_ids" in p for p in found)
+
+
+# ----------------------------------------------------------- one port onto vLLM
+#: vLLM classes whose private methods and attributes the engine reaches.
+VLLM_CLASSES = (
+    "vllm.v1.core.sched.scheduler:Scheduler",
+    "vllm.v1.core.sched.async_scheduler:AsyncScheduler",
+    "vllm.v1.core.sched.request_queue:FCFSRequestQueue",
+    "vllm.v1.core.sched.output:SchedulerOutput",
+    "vllm.v1.core.kv_cache_manager:KVCacheManager",
+    "vllm.v1.core.kv_cache_manager:KVCacheBlocks",
+    "vllm.v1.core.block_pool:BlockPool",
+    "vllm.v1.request:Request",
+    "vllm.v1.worker.gpu_input_batch:InputBatch",
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner",
+    "vllm.v1.worker.worker_base:WorkerBase",
+    "vllm.v1.engine.input_processor:InputProcessor",
+    "vllm.v1.engine.output_processor:RequestState",
+    "vllm.v1.engine.output_processor:OutputProcessor",
+    "vllm.v1.engine.core:EngineCore",
+    "vllm.sampling_params:SamplingParams",
+)
+
+
+def _vllm_private_names() -> set[str]:
+    """Every ``_name`` (not dunder) a class above or a vLLM base of it
+    defines or sets on ``self``."""
+    import importlib
+    import inspect
+    import re
+
+    names: set[str] = set()
+    for spec in VLLM_CLASSES:
+        module, name = spec.split(":")
+        for klass in getattr(importlib.import_module(module), name).__mro__:
+            if not klass.__module__.startswith("vllm."):
+                continue
+            names |= {n for n in vars(klass) if n.startswith("_") and not n.startswith("__")}
+            try:
+                names |= set(re.findall(r"self\.(_[a-z]\w*)", inspect.getsource(klass)))
+            except (OSError, TypeError):
+                pass
+    return names
+
+
+def _engine_modules():
+    from pathlib import Path
+
+    import vllm_seqhooks.engine as engine
+
+    root = Path(engine.__file__).parent
+    return [p for p in sorted(root.glob("*.py"))]
+
+
+def _private_uses(path, names):
+    """(line, expression) of each use of a name in ``names`` as an
+    attribute, except vLLM's own method called as ``super()._x`` (or
+    ``Scheduler._x``) inside the override ``_x``."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    allowed: set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and fn.name in names:
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and node.attr == fn.name and (
+                        ast.unparse(node.value) in ("super()", "Scheduler")):
+                    allowed.add(id(node))
+    return [(node.lineno, ast.unparse(node)) for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr in names
+            and id(node) not in allowed]
+
+
+def test_engine_reaches_vllm_privates_only_through_the_port():
+    """No module of ``engine/`` outside ``vllm_private/`` calls a private
+    vLLM method or touches a private attribute of a vLLM object; the hook
+    scheduler's overrides call only vLLM's own method of their name."""
+    names = _vllm_private_names()
+    assert {"_preempt_request", "_all_token_ids", "_update_request_as_session"} <= names
+    found = {p.name: uses for p in _engine_modules() if (uses := _private_uses(p, names))}
+    assert found == {}
+
+
+def test_the_check_catches_a_private_call(tmp_path):
+    names = _vllm_private_names()
+    module = tmp_path / "part.py"
+    module.write_text("def f(sched, req):\n    sched._free_request_blocks(req)\n"
+                      "    return req._all_token_ids\n"
+                      "class S:\n    def _free_request(self, r):\n"
+                      "        return super()._free_request(r)\n")
+    assert sorted(_private_uses(module, names)) == [(2, "sched._free_request_blocks"),
+                                            (3, "req._all_token_ids")]
+
+
+def test_every_private_override_is_in_the_table():
+    """The hook scheduler's overrides of private vLLM methods are exactly
+    the table's (vllm_private/overrides.py), each with its reasons, and
+    each signature is checked at start-up."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from vllm_seqhooks.engine.scheduler import SeqHooksMixin
+    from vllm_seqhooks.engine.vllm_private.overrides import OVERRIDDEN, OVERRIDES
+    from vllm_seqhooks.engine.vllm_private.scheduler import SCHEDULER_METHODS
+
+    overridden = {n for n in vars(SeqHooksMixin)
+                  if n.startswith("_") and not n.startswith("__") and hasattr(Scheduler, n)}
+    assert overridden == OVERRIDDEN
+    assert OVERRIDDEN <= {name for name, _ in SCHEDULER_METHODS}
+    assert all(o.why and o.relies_on and o.can_go for o in OVERRIDES)
+
+
+def test_session_assumptions_are_checked(monkeypatch):
+    """Parking's use of vLLM's session path (vllm_private/sessions.py):
+    what it relies on holds on the pinned vLLM, and a vLLM that queues a
+    kept request elsewhere (as 0.33 does) is reported by name."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import RequestStatus
+
+    from vllm_seqhooks.engine import vllm_private
+
+    assert vllm_private.session_problems() == []
+
+    def handle_stopped_elsewhere(self, request):
+        if not request.resumable:
+            return True
+        request.status = RequestStatus.WAITING_FOR_STREAMING_REQ
+        self.num_waiting_for_streaming_input += 1
+        return False
+
+    monkeypatch.setattr(Scheduler, "_handle_stopped_request", handle_stopped_elsewhere)
+    found = vllm_private.session_problems()
+    assert found == ["Scheduler._handle_stopped_request no longer queues the kept request itself"]
+    assert any("queues the kept request" in p for p in vllm_private.problems())

@@ -14,6 +14,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_seqhooks.core.fair_share import Entry, Holdings, StepShare
 from vllm_seqhooks.core.waiting_index import WaitingIndex, WaitingKey
 from vllm_seqhooks.core.kv_blocks import blocks_to_start
+from vllm_seqhooks.engine import vllm_private
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -78,7 +79,7 @@ class FairShare:
         for rid in step.preempt:
             req = sched.requests[rid]
             sched.running.remove(req)
-            sched._preempt_request(req, now)
+            vllm_private.preempt(sched, req, now)
         sched.metrics.inc("fair_share_preemptions", len(step.preempt))
         logger.debug("fair share (%d slots per family): preempted %s",
                      step.share, step.preempt)

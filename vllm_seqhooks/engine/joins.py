@@ -18,6 +18,7 @@ from vllm_seqhooks.core.join_plan import (
     layout_pieces, resumes)
 from vllm_seqhooks.core.request_tree import FAILED, FINISHED, MERGED, JoinRecord
 from vllm_seqhooks.core.trace import TRACE_KEY, build_trace
+from vllm_seqhooks.engine import vllm_private
 from vllm_seqhooks.engine.logprob_rows import as_lists, concat, forced_row, rows_of
 from vllm_seqhooks.engine.state import HookState
 from vllm_seqhooks.formats.boundaries import ChildText, child_output, join_tokens
@@ -358,7 +359,7 @@ class Joins:
             sampling_params=_resumed_params(st, remaining, sched.splicing.final_shift(rid)),
         )
         sampled = st.sampled
-        sched._update_request_as_session(req, update)  # (a new segment)
+        vllm_private.resume_session(sched, req, update)  # (a new segment)
         if spliced is not None:  # the fork tag and the paths: copied KV
             req.num_computed_tokens = spliced
             sched.splicing.resumed(req)

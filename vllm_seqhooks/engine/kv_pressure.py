@@ -9,6 +9,7 @@ import logging
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.core.kv_blocks import blocks_to_start
+from vllm_seqhooks.engine import vllm_private
 from vllm_seqhooks.engine.state import HookState
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
@@ -90,7 +91,7 @@ class KVPressure:
         prefix-cache entries) and will resume through the prefix cache."""
         sched = self.sched
         req = st.request
-        sched._free_request_blocks(req)
+        vllm_private.free_blocks_to_prefix_cache(sched, req)
         st.spilled_frontier = req.num_computed_tokens
         req.num_computed_tokens = 0
 

@@ -6,14 +6,14 @@ and computed tokens kept) instead of finishing.
 A parked request waits outside vLLM's queues: vLLM would look at every
 waiting streaming session at every step (and skip it), a cost per parked
 parent per step; it is queued again when its join resumes it
-(:meth:`Parking.unpark_to_queue`)."""
+(:meth:`Parking.unpark_to_queue`). Every use of vLLM's session path, with
+what it relies on, is in :mod:`vllm_seqhooks.engine.vllm_private.sessions`."""
 
 from __future__ import annotations
 
-from collections import deque
-
 from vllm.v1.request import Request, RequestStatus
 
+from vllm_seqhooks.engine import vllm_private
 from vllm_seqhooks.engine.state import HookState
 
 
@@ -57,20 +57,8 @@ class Parking:
         if fj.tree.ready_to_join(rid):
             fj.ready_joins.append(rid)
 
-    def take_out_of_queues(self, request: Request) -> None:
-        """vLLM queued the parked ``request`` as a waiting streaming session
-        (at the end of one of its waiting queues): it waits outside them."""
-        sched = self.sched
-        # (the queue vLLM's _enqueue_waiting_request chose)
-        queue = sched.kv_holding_waiting if sched._holds_kv_blocks(request) else sched.waiting
-        if isinstance(queue, deque) and queue and queue[-1] is request:
-            queue.pop()  # (FCFS: it was just appended)
-        else:
-            queue.remove_request(request)
-        sched.deferred_waiting.discard(request)
-
     def unpark_to_queue(self, request: Request) -> None:
         """The joined ``request`` (vLLM's session updated: status WAITING)
         is queued as vLLM queues a waiting request: among those holding KV
         blocks if it holds some, else among the others."""
-        self.sched._enqueue_waiting_request(request)
+        vllm_private.requeue(self.sched, request)

@@ -5,6 +5,10 @@ vLLM has no extension point for these; each wraps one function, is
 installed at most once per process, leaves engines without hooks untouched,
 and fails loudly (or, where stock engines share the process, logs) when the
 pinned vLLM lacks what it wraps (:mod:`.vllm_private` checks the names).
+The private ``Scheduler`` methods the hook scheduler overrides (a subclass,
+not a patch) are the other half of this table:
+:data:`.vllm_private.overrides.OVERRIDES`, each with why, what it relies on
+and when it can go.
 
 =====================  ==========================================================
 patch                  what, why, when installed, when it can go

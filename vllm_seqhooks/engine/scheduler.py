@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from contextlib import contextmanager
 from itertools import chain
 from typing import Any, Iterable
 
@@ -84,7 +83,7 @@ class SeqHooksMixin:
         self.hooks = engine_hooks(vllm_config)
         #: vLLM's own ``_update_request_with_output`` (bound once: the
         #: common step calls it without looking it up).
-        self._vllm_update_request = super()._update_request_with_output
+        self._vllm_update_request = vllm_private.vllm_request_update(super())
         self.fork_join = ForkJoinState()
         if isinstance(self.waiting, deque) and not self.waiting:  # FCFS policy
             children = self.fork_join.children
@@ -226,7 +225,7 @@ class SeqHooksMixin:
         # they parked (see parking.park). Counting them would keep their own
         # children out of the batch (deadlock with few slots).
         try:
-            with self._parked_not_waiting():
+            with vllm_private.parked_not_waiting(self, fj.num_parked):
                 out = super().schedule(*args, **kwargs)
         finally:
             fj.share_step = None
@@ -285,16 +284,10 @@ class SeqHooksMixin:
         fj = self.fork_join
         if request.request_id not in fj.park_pending:
             return super()._handle_stopped_request(request)
-        # Parked: vLLM keeps a stopped resumable request, with its blocks,
-        # and queues it; it waits outside the queues (parking).
+        # Parked: kept as vLLM keeps a waiting session, with its blocks; it
+        # waits outside vLLM's queues (vllm_private.sessions).
         fj.park_pending.discard(request.request_id)
-        was_resumable, request.resumable = request.resumable, True
-        try:
-            finished = super()._handle_stopped_request(request)
-        finally:
-            request.resumable = was_resumable
-        assert not finished
-        self.parking.take_out_of_queues(request)
+        vllm_private.park_stopped(self, super()._handle_stopped_request, request)
         return False
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
@@ -310,11 +303,8 @@ class SeqHooksMixin:
             # No request has hook work in this step: vLLM's own method
             # serves every request (bound on this instance for the step),
             # so a step costs what it costs stock vLLM.
-            self._update_request_with_output = super()._update_request_with_output
-            try:
+            with vllm_private.stock_request_updates(self, self._vllm_update_request):
                 outputs = super().update_from_output(scheduler_output, model_runner_output)
-            finally:
-                del self._update_request_with_output
         else:
             outputs = super().update_from_output(scheduler_output, model_runner_output)
         if fj.idle:
@@ -336,21 +326,8 @@ class SeqHooksMixin:
         # subtracts as waiting streaming sessions: they do not count.
         fj = self.fork_join
         pending = len(fj.ready_joins) + len(fj.pending_outputs)
-        with self._parked_not_waiting():
+        with vllm_private.parked_not_waiting(self, fj.num_parked):
             return super().get_num_unfinished_requests() + pending
-
-    @contextmanager
-    def _parked_not_waiting(self):
-        """vLLM counts its waiting streaming sessions as holding a slot and
-        as not unfinished; parked requests are counted there
-        (``num_waiting_for_streaming_input``) but hold no slot and wait
-        outside its queues: for the call inside, they are not counted."""
-        parked = self.fork_join.num_parked
-        self.num_waiting_for_streaming_input -= parked
-        try:
-            yield
-        finally:
-            self.num_waiting_for_streaming_input += parked
 
     def shutdown(self) -> None:
         self.metrics.remove()

@@ -150,7 +150,7 @@ class Splicing:
             request = self.held.pop(cid, None)
             self.held_maps.pop(cid, None)
             if request is not None:
-                self.sched._free_blocks(request)
+                vllm_private.free_held_blocks(self.sched, request)
 
     # -------------------------------------------------------------- join
     def merge(self, st, keep: int, children: list[str], suffix: list[int],

@@ -12,7 +12,14 @@ implemented here too; they are listed, and installed, by
 :mod:`.input_batch` (the V1 runner's persistent batch permuted in one pass),
 :mod:`.cpu_seeds` (seeded split prefills on the V1 CPU runner),
 :mod:`.frontend`, and :mod:`.ray_on_cpu` (a test-only switch that lets the CPU
-platform run vLLM's Ray executor).
+platform run vLLM's Ray executor). The scheduler's side also has
+:mod:`.sessions` (parking through vLLM's streaming-input sessions, with the
+assumptions it relies on, checked here), :mod:`.scheduler_calls` (the other
+private ``Scheduler`` methods the engine's parts call) and
+:mod:`.overrides` (the private ``Scheduler`` methods the hook scheduler
+overrides: why, what each relies on, when it can go). No module of the
+engine outside this package calls a private vLLM method or touches a
+private attribute of a vLLM object (``tests/test_vllm_private.py``).
 """
 
 from __future__ import annotations
@@ -48,6 +55,20 @@ from vllm_seqhooks.engine.vllm_private.runner import (
     v2_model_runner_problems,
     v2_splice_problems,
 )
+from vllm_seqhooks.engine.vllm_private.scheduler_calls import (
+    free_blocks_to_prefix_cache,
+    free_held_blocks,
+    preempt,
+    stock_request_updates,
+    vllm_request_update,
+)
+from vllm_seqhooks.engine.vllm_private.sessions import (
+    park_stopped,
+    parked_not_waiting,
+    requeue,
+    resume_session,
+    session_problems,
+)
 from vllm_seqhooks.engine.vllm_private.scheduler import (
     adopt_block_hashes,
     allocate_join_blocks,
@@ -73,6 +94,9 @@ __all__ = [
     "world_cpu_group",
     "share_block_hashes",
     "splice_problems", "v2_model_runner_problems", "v2_splice_problems",
+    "free_blocks_to_prefix_cache", "free_held_blocks", "preempt", "stock_request_updates",
+    "vllm_request_update",
+    "park_stopped", "parked_not_waiting", "requeue", "resume_session", "session_problems",
 ]
 
 
@@ -88,7 +112,7 @@ def problems() -> list[str]:
             f"vLLM {version} is installed; vllm-seqhooks is pinned to "
             f"{PINNED_VLLM_VERSION}"
         )
-    return found + scheduler_problems()
+    return found + scheduler_problems() + session_problems()
 
 
 _checked = False

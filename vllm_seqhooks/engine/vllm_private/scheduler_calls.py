@@ -1,0 +1,46 @@
+"""Calls of vLLM's private ``Scheduler`` methods that the engine's parts
+make outside the scheduler's overrides, one function each, named for what it
+does (signatures checked at start-up: ``SCHEDULER_METHODS`` in
+:mod:`.scheduler`). Parking's calls are in :mod:`.sessions`."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+
+def preempt(sched: Any, request: Any, timestamp: float) -> None:
+    """Preempt a running ``request`` that the caller took out of
+    ``running`` (its blocks freed; it waits, to be recomputed)."""
+    sched._preempt_request(request, timestamp)
+
+
+def free_blocks_to_prefix_cache(sched: Any, request: Any) -> None:
+    """Give a parked ``request``'s KV blocks back to the pool: its full
+    blocks stay in the prefix cache until evicted."""
+    sched._free_request_blocks(request)
+
+
+def free_held_blocks(sched: Any, request: Any) -> None:
+    """Free the blocks of a finished ``request`` whose freeing vLLM was told
+    to delay (``_free_request(..., delay_free_blocks=True)``)."""
+    sched._free_blocks(request)
+
+
+def vllm_request_update(base: Any) -> Callable[..., tuple[list[int], bool]]:
+    """vLLM's own ``_update_request_with_output`` of ``base`` (``super()``
+    seen from the hook scheduler), bound once."""
+    return base._update_request_with_output
+
+
+@contextmanager
+def stock_request_updates(sched: Any, vllm_method: Callable[..., Any]) -> Iterator[None]:
+    """For the vLLM call inside (``update_from_output``), ``sched``'s
+    ``_update_request_with_output`` is ``vllm_method`` (vLLM's own, from
+    :func:`vllm_request_update`): a step in which no request has hook work
+    costs what it costs stock vLLM (no override in the per-request loop)."""
+    sched._update_request_with_output = vllm_method
+    try:
+        yield
+    finally:
+        del sched._update_request_with_output
