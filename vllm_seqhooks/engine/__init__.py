@@ -5,7 +5,8 @@ scheduler method the hooks override, each reading top to bottom; the parts it
 calls are named after their concern (:mod:`.admission`, :mod:`.parking`,
 :mod:`.spawning`, :mod:`.speculative`, :mod:`.joins`, :mod:`.kv_pressure`,
 :mod:`.family_limits`, :mod:`.fair_share`, :mod:`.accounting`) and share one
-:class:`~.state.ForkJoinState`. :mod:`.vllm_private` names every private vLLM
+:class:`~.state.ForkJoinState`; each request's phase changes only through
+:class:`~.lifecycle.Lifecycle`. :mod:`.vllm_private` names every private vLLM
 API used and checks it; :mod:`.patches` installs every patch of vLLM's classes;
 :mod:`.validation` checks requests at admission; :mod:`.worker` is the worker
 extension; :mod:`.metrics` exports counters.

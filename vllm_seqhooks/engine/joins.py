@@ -219,7 +219,7 @@ class Joins:
         st.unclosed_child = False
         keep, merged, children, pieces = self._merged_tokens(st, node, fork, stop_text)
         record = node.joins[-1]
-        fj.unpark(st)
+        fj.lifecycle.resume(st)
         if pieces is not None and sum(n for _, n in pieces) != len(merged):
             logger.warning("%s: the merge's pieces do not add up; no provenance", rid)
             pieces = None
@@ -415,8 +415,7 @@ class Joins:
         is_child = rid in fj.children
         rows = self._merge_rows(st, keep, merged, record)
         tokens, text = self.contribution(st, merged, keep) if is_child else (None, None)
-        stop_reason = st.final_stop_reason
-        fj.unpark(st)
+        stop_reason = st.final_stop_reason  # (resumed by _take_merge: it finishes now)
         if st.spilled_frontier is not None:
             req.num_computed_tokens = st.spilled_frontier
             st.spilled_frontier = None

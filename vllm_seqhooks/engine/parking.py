@@ -46,14 +46,11 @@ class Parking:
             # blocks are gone (num_computed_tokens == 0). Park it as spilled:
             # it resumes through the prefix cache.
             st.spilled_frontier = request.num_tokens - (0 if stopped_by_finish else 1)
-        st.parked = True
-        fj.num_parked += 1
+        fj.lifecycle.park(st)
         # The worker drops its state for the parked request (freeing its
         # model-runner slot); it is re-sent in full when the request resumes.
         sched.finished_req_ids.add(rid)
         fj.tree.block(rid)
-        fj.park_pending.add(rid)
-        fj.parked_this_step.add(rid)
         if fj.tree.ready_to_join(rid):
             fj.ready_joins.append(rid)
 

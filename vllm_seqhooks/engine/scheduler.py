@@ -49,6 +49,7 @@ from vllm_seqhooks.engine.fair_share import FairShare
 from vllm_seqhooks.engine.family_limits import FamilyLimits
 from vllm_seqhooks.engine.joins import Joins
 from vllm_seqhooks.engine.kv_pressure import KVPressure
+from vllm_seqhooks.engine.lifecycle import Phase
 from vllm_seqhooks.engine.logprob_rows import LogprobRows
 from vllm_seqhooks.engine.metrics import ENV_DIR as METRICS_ENV_DIR
 from vllm_seqhooks.engine.metrics import HookMetrics
@@ -281,13 +282,13 @@ class SeqHooksMixin:
         return new_token_ids, stopped
 
     def _handle_stopped_request(self, request: Request) -> bool:
-        fj = self.fork_join
-        if request.request_id not in fj.park_pending:
+        st = self.fork_join.states.get(request.request_id)
+        if st is None or st.phase is not Phase.PARKING:
             return super()._handle_stopped_request(request)
         # Parked: kept as vLLM keeps a waiting session, with its blocks; it
         # waits outside vLLM's queues (vllm_private.sessions).
-        fj.park_pending.discard(request.request_id)
         vllm_private.park_stopped(self, super()._handle_stopped_request, request)
+        self.fork_join.lifecycle.kept(st)
         return False
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
@@ -309,7 +310,7 @@ class SeqHooksMixin:
             outputs = super().update_from_output(scheduler_output, model_runner_output)
         if fj.idle:
             return outputs
-        parked_now, fj.parked_this_step = fj.parked_this_step, set()
+        parked_now = fj.lifecycle.take_parked_this_step()
         if self.logprobs_seen and fj.children:
             self.logprob_rows.keep_children(outputs, fj)
         self.joins.filter_outputs(outputs, parked_now)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_seqhooks.core.fair_share import StepShare
 from vllm_seqhooks.core.family_limits import FamilyLedger
 from vllm_seqhooks.core.request_tree import JoinRecord, RequestTree
+from vllm_seqhooks.engine.lifecycle import WAITING_FOR_CHILDREN, Lifecycle, Phase
 from vllm_seqhooks.formats.events import ForkReached, HookScanner
 
 if TYPE_CHECKING:
@@ -34,7 +35,11 @@ class HookState:
     final_stop_reason: int | str | None = None
     #: Position of the token that stopped the request (EOS / stop token).
     stop_pos: int | None = None
-    parked: bool = False
+    #: Where it is in its fork/join life; changed only by
+    #: :class:`~vllm_seqhooks.engine.lifecycle.Lifecycle`'s transitions.
+    phase: Phase = Phase.RUNNING
+    #: Set while its KV blocks are given back (spilled, or preempted at its
+    #: stop): the computed tokens it resumes from through the prefix cache.
     spilled_frontier: int | None = None
     #: The join whose prefill is being counted, until the parent samples.
     accounting: JoinRecord | None = None
@@ -86,6 +91,11 @@ class HookState:
         return scanner.feed(tokens, start)
 
     @property
+    def parked(self) -> bool:
+        """It waits for its children (parking or parked, spilled or not)."""
+        return self.phase in WAITING_FOR_CHILDREN
+
+    @property
     def sampled(self) -> int:
         """Tokens it sampled and kept, in all (vLLM's output tokens are
         those of its current segment)."""
@@ -120,10 +130,8 @@ class ForkJoinState:
     children: dict[str, Request] = field(default_factory=dict)
     #: Children that ended in this step (their outputs are still filtered).
     ended_children: set[str] = field(default_factory=set)
-    #: Requests that stop in this step and must be parked, not finished.
-    park_pending: set[str] = field(default_factory=set)
-    parked_this_step: set[str] = field(default_factory=set)
-    num_parked: int = 0
+    #: Each request's phase transitions, and what is counted from them.
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
     #: Parents whose children have all ended, to join in this step.
     ready_joins: list[str] = field(default_factory=list)
     #: Outputs (client_index, output) made outside update_from_output,
@@ -159,9 +167,13 @@ class ForkJoinState:
     last_watched: frozenset[int] | None = None
 
     @property
+    def num_parked(self) -> int:
+        return self.lifecycle.num_parked
+
+    @property
     def idle(self) -> bool:
         """Nothing in flight: a step's outputs need no fork/join handling."""
-        return not (self.children or self.parked_this_step or self.pending_outputs
+        return not (self.children or self.lifecycle.parked_this_step or self.pending_outputs
                     or self.ready_joins or self.ended_children or self.tree.nodes)
 
     def set_quiet(self, st: HookState, quiet_ids: frozenset[int] | None) -> None:
@@ -198,12 +210,6 @@ class ForkJoinState:
         else:
             self.set_quiet(st, frozenset() if scanner is None else scanner.watched_ids())
 
-    # ------------------------------------------------------------ parking
-    def unpark(self, st: HookState) -> None:
-        if st.parked:
-            st.parked = False
-            self.num_parked -= 1
-
     # ----------------------------------------------------------- removal
     def drop_state(self, rid: str) -> HookState | None:
         """Forget a request's hook state (recording its sampled tokens in
@@ -212,7 +218,7 @@ class ForkJoinState:
         self.loud.discard(rid)
         self.stop_watch.discard(rid)
         if st is not None:
-            self.unpark(st)
+            self.lifecycle.forget(st)
             node = self.tree.get(rid)
             if node is not None:
                 node.sampled_tokens = st.sampled
@@ -230,7 +236,6 @@ class ForkJoinState:
         self.children.pop(rid, None)
         self.accounting.pop(rid, None)
         self.child_deadlines.pop(rid, None)
-        self.park_pending.discard(rid)
         node = self.tree.get(rid)
         if node is not None and node.parent_id is None:
             self.tree.pop_tree(rid)

@@ -99,6 +99,9 @@ def check_invariants(sched, scheduler_output=None) -> None:
       children), which sit in none;
     * ``num_waiting_for_streaming_input`` equals the number of requests with
       status ``WAITING_FOR_STREAMING_REQ``;
+    * each request's phase (:mod:`vllm_seqhooks.engine.lifecycle`) is what
+      vLLM's state, the request tree and the parked count say
+      (:func:`~vllm_seqhooks.engine.lifecycle.lifecycle_problems`);
     * a request's token list starts with its prompt, and it never has more
       computed tokens than tokens (+ output placeholders, + the draft tokens
       ``scheduler_output`` scheduled for it, when given).
@@ -152,6 +155,10 @@ def check_invariants(sched, scheduler_output=None) -> None:
             f"num_waiting_for_streaming_input={sched.num_waiting_for_streaming_input}"
             f" but {parked} requests are WAITING_FOR_STREAMING_REQ"
         )
+    if fork_join is not None and hasattr(sched, "hooks"):
+        from vllm_seqhooks.engine.lifecycle import lifecycle_problems
+
+        problems += lifecycle_problems(sched)
     if problems:
         raise InvariantError("; ".join(problems))
 
