@@ -304,7 +304,9 @@ class SeqHooksMixin:
             # No request has hook work in this step: vLLM's own method
             # serves every request (bound on this instance for the step),
             # so a step costs what it costs stock vLLM.
-            with vllm_private.stock_request_updates(self, self._vllm_update_request):
+            # (looked up here: vLLM's tests build schedulers without __init__)
+            vllm_update = vllm_private.vllm_request_update(super())
+            with vllm_private.stock_request_updates(self, vllm_update):
                 outputs = super().update_from_output(scheduler_output, model_runner_output)
         else:
             outputs = super().update_from_output(scheduler_output, model_runner_output)
