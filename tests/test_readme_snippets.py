@@ -68,6 +68,7 @@ def test_serve_command_runs_as_pasted(tmp_path):
         port = server.url.rsplit(":", 1)[1]
         ask = [a.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for a in ask]
         proc = subprocess.run(ask, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        log = server.log_tail(10 ** 6)  # (before the stop: vLLM logs its engine's death at SIGINT)
     finally:
         server.stop()
     assert proc.returncode == 0, proc.stderr
@@ -76,7 +77,6 @@ def test_serve_command_runs_as_pasted(tmp_path):
     assert "<sync>" in text and text.endswith("=0123456789"), text
     trace = answer["kv_transfer_params"]["seqhooks"]
     assert len(trace["children"]) == 3
-    log = server.log_tail(10 ** 6)
     assert "Traceback" not in log, log[-3000:]
 
 
