@@ -4,23 +4,28 @@ and prompt tokens a child found cached at its fork."""
 
 from __future__ import annotations
 
+from vllm_seqhooks.engine.metrics import HookMetrics
+from vllm_seqhooks.engine.state import ForkJoinState
+
 
 class Accounting:
-    """Counts join prefill and fork cache hits per step."""
+    """Counts join prefill and fork cache hits per step, into the joins'
+    records and ``metrics``."""
 
-    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
-        self.sched = sched
+    def __init__(self, fork_join: ForkJoinState, metrics: HookMetrics) -> None:
+        self.fork_join = fork_join
+        self.metrics = metrics
 
     def count(self, out) -> None:
         """Count what the step ``out`` (a scheduler output) schedules."""
-        if self.sched.fork_join.accounting:
+        if self.fork_join.accounting:
             self._count_joins(out.num_scheduled_tokens, out.scheduled_spec_decode_tokens)
         if out.scheduled_new_reqs:
             self._count_forks(out.scheduled_new_reqs, out.num_scheduled_tokens)
 
     def _count_joins(self, scheduled: dict[str, int], drafts: dict) -> None:
-        fj = self.sched.fork_join
-        metrics = self.sched.metrics
+        fj = self.fork_join
+        metrics = self.metrics
         for rid in list(fj.accounting):
             n = scheduled.get(rid)
             if not n:
@@ -46,7 +51,7 @@ class Accounting:
         """A child's first schedule starts it from the waiting queue: it is
         among the step's new requests (vLLM lists a request scheduled from
         WAITING there), so only those are looked at, not every live child."""
-        fj = self.sched.fork_join
+        fj = self.fork_join
         for data in new_reqs:
             rid = data.req_id
             child = fj.children.get(rid)
@@ -63,4 +68,4 @@ class Accounting:
             node = fj.tree.get(rid)
             if node is not None:
                 node.cached_prompt_tokens = cached
-            self.sched.metrics.inc("fork_cached_tokens", cached)
+            self.metrics.inc("fork_cached_tokens", cached)

@@ -11,24 +11,30 @@ what it relies on, is in :mod:`vllm_seqhooks.engine.vllm_private.sessions`."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from vllm.v1.request import Request, RequestStatus
 
-from vllm_seqhooks.engine import vllm_private
-from vllm_seqhooks.engine.state import HookState
+from vllm_seqhooks.engine.state import ForkJoinState, HookState
 
 
 class Parking:
-    """Parks requests that wait for their children."""
+    """Parks requests that wait for their children: their phase and tree
+    node in ``fork_join``; ``drop_from_workers(request_id)`` tells the
+    workers to drop a request's state, ``requeue(request)`` queues a resumed
+    one in vLLM's waiting queues."""
 
-    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
-        self.sched = sched
+    def __init__(self, fork_join: ForkJoinState, drop_from_workers: Callable[[str], None],
+                 requeue: Callable[[Request], None]) -> None:
+        self.fork_join = fork_join
+        self.drop_from_workers = drop_from_workers
+        self.requeue = requeue
 
     def park(self, st: HookState, *, stopped_by_finish: bool) -> None:
         """Park ``st``'s request in this step: at a ``<sync>`` or fork tag it
         just sampled, or (``stopped_by_finish``) at its end, which it
         reaches again once its children are merged."""
-        sched = self.sched
-        fj = sched.fork_join
+        fj = self.fork_join
         request = st.request
         rid = request.request_id
         if st.scanner is not None and st.scanner.needs_history:
@@ -49,7 +55,7 @@ class Parking:
         fj.lifecycle.park(st)
         # The worker drops its state for the parked request (freeing its
         # model-runner slot); it is re-sent in full when the request resumes.
-        sched.finished_req_ids.add(rid)
+        self.drop_from_workers(rid)
         fj.tree.block(rid)
         if fj.tree.ready_to_join(rid):
             fj.ready_joins.append(rid)
@@ -58,4 +64,4 @@ class Parking:
         """The joined ``request`` (vLLM's session updated: status WAITING)
         is queued as vLLM queues a waiting request: among those holding KV
         blocks if it holds some, else among the others."""
-        vllm_private.requeue(self.sched, request)
+        self.requeue(request)

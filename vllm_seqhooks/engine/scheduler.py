@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
+from functools import partial
 from itertools import chain
 from typing import Any, Iterable
 
@@ -98,13 +99,15 @@ class SeqHooksMixin:
         self.admission = Admission(self)
         self.family_limits = FamilyLimits(self)
         self.spawning = Spawning(self)
-        self.speculative = Speculative(self)
-        self.parking = Parking(self)
+        self.speculative = Speculative(self.fork_join, self.spawning)
+        self.parking = Parking(self.fork_join,
+                               drop_from_workers=partial(vllm_private.drop_worker_state, self),
+                               requeue=partial(vllm_private.requeue, self))
         self.sampling = Sampling(self)
         self.joins = Joins(self)
         self.kv_pressure = KVPressure(self)
         self.fair_share = FairShare(self)
-        self.accounting = Accounting(self)
+        self.accounting = Accounting(self.fork_join, self.metrics)
         self.splicing = Splicing(self)
         self.logprob_rows = LogprobRows()
         #: Whether a request with logprobs was admitted (children's rows are

@@ -5,10 +5,15 @@ child, before vLLM appends them."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+
 from vllm.v1.request import Request
 
-from vllm_seqhooks.engine.state import HookState
+from vllm_seqhooks.engine.state import ForkJoinState, HookState
 from vllm_seqhooks.formats.events import EndTagReached, ForkReached, PayloadClosed, SyncReached
+
+if TYPE_CHECKING:
+    from vllm_seqhooks.engine.spawning import Spawning
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -24,10 +29,12 @@ def count_as_rejected(request: Request, num_tokens: int) -> None:
 
 
 class Speculative:
-    """Cuts a step's tokens after the tag that stops the request."""
+    """Cuts a step's tokens after the tag that stops the request (asking
+    ``spawning`` whether a payload or fork would spawn)."""
 
-    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
-        self.sched = sched
+    def __init__(self, fork_join: ForkJoinState, spawning: "Spawning") -> None:
+        self.fork_join = fork_join
+        self.spawning = spawning
 
     def cut_after_parking_tag(self, st: HookState, new_token_ids: list[int],
                               is_stale: bool) -> None:
@@ -57,9 +64,9 @@ class Speculative:
         scanner = st.scanner
         if scanner is None or not scanner.may_fire(new_token_ids):
             return None
-        spawning = self.sched.spawning
+        spawning = self.spawning
         start = st.request.num_tokens
-        has_children = self.sched.fork_join.tree.has_open_children(st.request.request_id)
+        has_children = self.fork_join.tree.has_open_children(st.request.request_id)
         for ev in st.scan(new_token_ids, start, scanner.copy()):
             if isinstance(ev, PayloadClosed):
                 has_children = has_children or spawning.spawn_refusal(st, ev) is None
@@ -76,7 +83,7 @@ class Speculative:
         that just parked included; its drafts continue text that the merge
         will replace, and would be scheduled (and verified for nothing)
         when it resumes."""
-        states = self.sched.fork_join.states
+        states = self.fork_join.states
         for rid in draft_token_ids.req_ids:
             st = states.get(rid)
             if st is not None and st.parked:

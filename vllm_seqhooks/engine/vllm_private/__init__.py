@@ -63,6 +63,7 @@ from vllm_seqhooks.engine.vllm_private.scheduler_calls import (
     vllm_request_update,
 )
 from vllm_seqhooks.engine.vllm_private.sessions import (
+    drop_worker_state,
     park_stopped,
     parked_not_waiting,
     requeue,
@@ -96,7 +97,7 @@ __all__ = [
     "splice_problems", "v2_model_runner_problems", "v2_splice_problems",
     "free_blocks_to_prefix_cache", "free_held_blocks", "preempt", "stock_request_updates",
     "vllm_request_update",
-    "park_stopped", "parked_not_waiting", "requeue", "resume_session", "session_problems",
+    "drop_worker_state", "park_stopped", "parked_not_waiting", "requeue", "resume_session", "session_problems",
 ]
 
 

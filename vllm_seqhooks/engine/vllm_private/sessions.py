@@ -64,6 +64,15 @@ def park_stopped(sched: Any, handle_stopped: Callable[[Any], bool], request: Any
     sched.deferred_waiting.discard(request)
 
 
+def drop_worker_state(sched: Any, request_id: str) -> None:
+    """The workers drop the state they keep for a parked request (its
+    model-runner slot), as for a finished one: its id goes out with the next
+    step's ``finished_req_ids`` (a set vLLM makes anew each step, so it is
+    looked up here, not held); the request is sent whole again when it
+    resumes."""
+    sched.finished_req_ids.add(request_id)
+
+
 def resume_session(sched: Any, request: Any, update: Any) -> None:
     """The parked ``request``'s next input (a ``StreamingUpdate``): vLLM
     keeps its tokens up to ``num_computed_tokens`` and appends the update's
