@@ -5,14 +5,18 @@ decides), its scanner, its family's ledger; and the model's text codec."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 from vllm.v1.request import Request
 
 from vllm_seqhooks.config.request_keys import parse_request_overrides
-from vllm_seqhooks.config.special_kwargs import SpecialKwargsError
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
 from vllm_seqhooks.core.admission import RequestHooks, request_hooks
 from vllm_seqhooks.formats.request_scanner import request_scanner
 from vllm_seqhooks.formats.text_codec import TextCodec
-from vllm_seqhooks.engine.state import HookState
+from vllm_seqhooks.engine.state import ForkJoinState, HookState
+
+if TYPE_CHECKING:
+    from vllm_seqhooks.engine.family_limits import FamilyLimits
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -23,10 +27,17 @@ _HOOKS_KEPT = 256
 
 
 class Admission:
-    """Decides a request's hook settings as it is added."""
+    """Decides a request's hook settings as it is added: its state in
+    ``fork_join``, from the engine's ``hooks`` and the request's own keys; a
+    new family's limits from ``family_limits``; the tokenizer from
+    ``model_config`` when text is read."""
 
-    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
-        self.sched = sched
+    def __init__(self, fork_join: ForkJoinState, hooks: SpecialKwargs,
+                 family_limits: "FamilyLimits", model_config: Any) -> None:
+        self.fork_join = fork_join
+        self.hooks = hooks
+        self.family_limits = family_limits
+        self.model_config = model_config
         self._codec: TextCodec | None = None
         #: request_hooks by (depth, per-request settings): a family's
         #: children (and most requests) ask with the same ones.
@@ -34,8 +45,7 @@ class Admission:
 
     def admit(self, request: Request) -> None:
         """Give ``request`` its :class:`HookState` (none: hooks off for it)."""
-        sched = self.sched
-        fj = sched.fork_join
+        fj = self.fork_join
         if request.request_id in fj.states or request.pooling_params or request.resumable:
             # (vLLM's own streaming-input sessions park and resume through
             # the same path; hooks are not combined with them.)
@@ -57,10 +67,10 @@ class Admission:
         rh = self._request_hooks(per_request, node.depth if node is not None else 0)
         family = None
         if rh.may_spawn and rh.depth == 0:
-            family = sched.family_limits.new_family(request, per_request)
+            family = self.family_limits.new_family(request, per_request)
         st = fj.states[request.request_id] = HookState(
             request=request,
-            scanner=request_scanner(sched.hooks, rh, self.text_codec),
+            scanner=request_scanner(self.hooks, rh, self.text_codec),
             orig_prompt_len=request.num_prompt_tokens,
             orig_max_tokens=request.max_tokens,
             orig_min_tokens=sp.min_tokens,
@@ -78,13 +88,13 @@ class Admission:
         if rh is None:
             if len(self._hooks) >= _HOOKS_KEPT:
                 self._hooks.clear()
-            rh = self._hooks[key] = request_hooks(self.sched.hooks, per_request, depth)
+            rh = self._hooks[key] = request_hooks(self.hooks, per_request, depth)
         return rh
 
     def _separator(self, text: str | None) -> tuple[int, ...]:
         """Token ids of a per-request merge separator (cached), or the
         server's when there is none or no tokenizer to encode it with."""
-        hooks = self.sched.hooks
+        hooks = self.hooks
         default = tuple(hooks.merge_separator_token_ids or ())
         if text is None or text == hooks.merge_separator:
             return default
@@ -103,7 +113,7 @@ class Admission:
     def text_codec(self, required: bool = True) -> TextCodec | None:
         """Text and token bytes through the model's tokenizer, loaded in
         EngineCore on first use (none with ``skip_tokenizer_init``)."""
-        model_config = self.sched.vllm_config.model_config
+        model_config = self.model_config
         if self._codec is None and not model_config.skip_tokenizer_init:
             from vllm.tokenizers import cached_tokenizer_from_config
 

@@ -96,8 +96,9 @@ class SeqHooksMixin:
             model_name=served_model_name(vllm_config.model_config),
             directory=os.environ.get(METRICS_ENV_DIR),
         )
-        self.admission = Admission(self)
         self.family_limits = FamilyLimits(self)
+        self.admission = Admission(self.fork_join, self.hooks, self.family_limits,
+                                   vllm_config.model_config)
         self.spawning = Spawning(self)
         self.speculative = Speculative(self.fork_join, self.spawning)
         self.parking = Parking(self.fork_join,
