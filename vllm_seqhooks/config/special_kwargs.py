@@ -120,9 +120,10 @@ class SpecialKwargs:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "SpecialKwargs":
         # (before the generated __init__, whose TypeError would not say what is known)
-        unknown = set(kwargs) - {f.name for f in fields(cls)}
+        known = [f.name for f in fields(cls)]
+        unknown = set(kwargs).difference(known)
         if unknown:
-            raise UnknownFieldError(unknown_fields_message(unknown, [f.name for f in fields(cls)]))
+            raise UnknownFieldError(unknown_fields_message(unknown, known))
         return super().__new__(cls)
 
     def __post_init__(self) -> None:

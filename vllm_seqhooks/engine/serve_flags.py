@@ -266,13 +266,10 @@ def _as_flags(message: str) -> str:
     by_field = {name: flag for flag, (name, _kw) in FLAGS.items()}
     field = re.compile(r"(?<![\w-])(" + "|".join(
         sorted(map(re.escape, by_field), key=len, reverse=True)) + r")(?![\w-])")
-    out, at = [], 0
-    for quoted in _QUOTED.finditer(message):
-        out.append(field.sub(lambda m: by_field[m.group(1)], message[at:quoted.start()]))
-        out.append(quoted.group(0))
-        at = quoted.end()
-    out.append(field.sub(lambda m: by_field[m.group(1)], message[at:]))
-    return "".join(out)
+    # (split keeps the quoted values, at the odd places)
+    pieces = re.split(f"({_QUOTED.pattern})", message)
+    return "".join(piece if i % 2 else field.sub(lambda m: by_field[m.group(1)], piece)
+                   for i, piece in enumerate(pieces))
 
 
 def hook_args_from_namespace(namespace: argparse.Namespace) -> dict[str, Any]:
