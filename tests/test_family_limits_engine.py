@@ -290,8 +290,8 @@ def test_family_timeout_cuts_descendants_and_finishes_the_request(async_sched):
 
 @MODES
 def test_family_timeout_stops_a_running_request(async_sched):
-    h, clock = timed_harness(async_sched, {"r": [60] * 100})
-    h.sched.hooks = h.sched.hooks.with_overrides(family_timeout_s=3.0)
+    h, clock = timed_harness(async_sched, {"r": [60] * 100},
+                             hooks={"family_timeout_s": 3.0})
     h.add("r", [10, 11, 12], max_tokens=200, arrival_time=0.0,
           extra_args={})
     h.run_until(lambda: len(h.tokens.get("r", ())) > 30, max_steps=200)

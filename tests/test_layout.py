@@ -217,3 +217,38 @@ def _is_submodule(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:  # the parent is a module, not a package
         return False
+
+
+def _scheduler_given_to(tree: ast.AST) -> list[str]:
+    """The callees that the methods of the classes in ``tree`` hand their
+    instance (``self``) to (a bound method handed to a part is a named
+    callback, not the scheduler)."""
+    given = []
+    for call in [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                 and ast.unparse(n.func) not in ("getattr", "hasattr", "isinstance")]:
+        for arg in [*call.args, *(k.value for k in call.keywords)]:
+            if isinstance(arg, ast.Name) and arg.id == "self":
+                given.append(ast.unparse(call.func))
+    return given
+
+
+def test_no_part_of_the_engine_receives_the_scheduler():
+    """Each part of the engine receives the fork/join state, the port onto
+    vLLM's scheduler (``vllm_private.SchedulerPort``, the only one handed
+    the scheduler) and the parts it calls, never the scheduler itself; and
+    no module of the engine reaches through a ``sched`` back-pointer."""
+    scheduler = PACKAGE / "engine" / "scheduler.py"
+    given = set(_scheduler_given_to(ast.parse(scheduler.read_text())))
+    assert "vllm_private.SchedulerPort" in given
+    # Only the port, and vLLM's own method for vLLM's stand-in schedulers.
+    assert {g for g in given if not g.startswith("vllm_private.")} == {
+        "Scheduler._get_local_prefix_cache_hit"}
+    probe = ast.parse("class S:\n def __init__(self):\n  self.a = Part(self, 1)\n")
+    assert _scheduler_given_to(probe) == ["Part"]  # (the walk finds one)
+    reach_backs = []
+    for path in sorted((PACKAGE / "engine").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr == "sched"
+                    and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                reach_backs.append(f"{path.name}:{node.lineno}")
+    assert reach_backs == []

@@ -89,7 +89,7 @@ def test_the_clock_is_agreed_only_on_spmd_engines():
     def limits(backend):
         config = SimpleNamespace(parallel_config=SimpleNamespace(
             distributed_executor_backend=backend))
-        return FamilyLimits(SimpleNamespace(vllm_config=config))
+        return FamilyLimits(None, None, None, spmd=spmd_engine(config))
 
     assert spmd_engine(SimpleNamespace(parallel_config=SimpleNamespace(
         distributed_executor_backend="external_launcher")))

@@ -2,12 +2,15 @@
 
 It applies what the pure packages decide. :mod:`.scheduler` holds every vLLM
 scheduler method the hooks override, each reading top to bottom; the parts it
-calls are named after their concern (:mod:`.admission`, :mod:`.parking`,
-:mod:`.spawning`, :mod:`.speculative`, :mod:`.joins`, :mod:`.kv_pressure`,
-:mod:`.family_limits`, :mod:`.fair_share`, :mod:`.accounting`) and share one
-:class:`~.state.ForkJoinState`; each request's phase changes only through
-:class:`~.lifecycle.Lifecycle`. :mod:`.vllm_private` names every private vLLM
-API used and checks it; :mod:`.patches` installs every patch of vLLM's classes;
+calls are named after their concern (:mod:`.admission`, :mod:`.sampling`,
+:mod:`.parking`, :mod:`.spawning`, :mod:`.speculative`, :mod:`.joins`,
+:mod:`.step_outputs`, :mod:`.kv_pressure`, :mod:`.family_limits`,
+:mod:`.fair_share`, :mod:`.accounting`, :mod:`.splicing`); each is built with
+what it reads (the :class:`~.state.ForkJoinState`, the settings, the metrics)
+and the parts it calls, and reaches vLLM's scheduler only through
+:class:`~.vllm_private.scheduler_port.SchedulerPort`; each request's phase
+changes only through :class:`~.lifecycle.Lifecycle`. :mod:`.vllm_private`
+names every private vLLM API used and checks it; :mod:`.patches` installs every patch of vLLM's classes;
 :mod:`.validation` checks requests at admission; :mod:`.worker` is the worker
 extension; :mod:`.metrics` exports counters.
 

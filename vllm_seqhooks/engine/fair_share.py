@@ -14,7 +14,10 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_seqhooks.core.fair_share import Entry, Holdings, StepShare
 from vllm_seqhooks.core.waiting_index import WaitingIndex, WaitingKey
 from vllm_seqhooks.core.kv_blocks import blocks_to_start
-from vllm_seqhooks.engine import vllm_private
+from vllm_seqhooks.engine.lifecycle import Phase
+from vllm_seqhooks.engine.metrics import HookMetrics
+from vllm_seqhooks.engine.state import ForkJoinState
+from vllm_seqhooks.engine.vllm_private import SchedulerPort
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -23,23 +26,26 @@ logger = logging.getLogger("vllm.seqhooks.scheduler")
 class FairShare:
     """Keeps one family from starving the others."""
 
-    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
-        self.sched = sched
+    def __init__(self, fork_join: ForkJoinState, vllm: SchedulerPort,
+                 metrics: HookMetrics) -> None:
+        self.fork_join = fork_join
+        self.vllm = vllm
+        self.metrics = metrics
         #: Request id -> ((request, num_tokens, num_computed_tokens), its
         #: entry), for the requests waiting when entries were last read.
         self._known_entries: dict[str, tuple[tuple[Request, int, int], Entry]] = {}
         #: The waiting queue, by family and priority, kept from step to step.
-        self._index = WaitingIndex(self._waiting_entries, lambda: self.sched.waiting)
+        self._index = WaitingIndex(self._waiting_entries, lambda: self.vllm.waiting)
 
     def hold_over_share(self) -> None:
         """This step's share: preempt what it says now; children it holds
         back are kept out of admission as vLLM reaches them
         (:meth:`holds_back`)."""
-        if not self.sched.waiting:
+        if not self.vllm.waiting:
             self._index.clear()  # (it keeps no request that left)
             return
         step = self._step()
-        self.sched.fork_join.share_step = step
+        self.fork_join.share_step = step
         if step is not None and step.preempt:
             self._preempt(step)
 
@@ -47,7 +53,7 @@ class FairShare:
         """Whether this step's share (there is one) keeps waiting ``request``
         (a child) out of admission: asked when vLLM's admission reaches it.
         The children it preempted are over their share too."""
-        fj = self.sched.fork_join
+        fj = self.fork_join
         rid = request.request_id
         if rid in fj.share_step.preempt:
             return True
@@ -57,35 +63,32 @@ class FairShare:
         return fj.share_step.holds(self._family(rid), request.priority)
 
     def _step(self) -> StepShare | None:
-        sched = self.sched
-        fj = sched.fork_join
+        vllm = self.vllm
+        fj = self.fork_join
         # Only children are held back or preempted, and only for a request
         # that is not one: without both there is no share to work out.
         parked_status = RequestStatus.WAITING_FOR_STREAMING_REQ
         if all(c.status == parked_status for c in fj.children.values()):
             return None
         waiting = self._index
-        waiting.sync(set(sched.waiting), self._waiting_key)
+        waiting.sync(set(vllm.waiting), self._waiting_key)
         if not waiting.has_non_children():
             return None
-        step = StepShare(waiting, self._holdings(), max_running=sched.max_num_running_reqs,
-                         total_blocks=sched.kv_cache_manager.block_pool.num_gpu_blocks,
+        step = StepShare(waiting, self._holdings(), max_running=vllm.max_num_running_reqs,
+                         total_blocks=vllm.num_blocks,
                          forked_after=_ForkedAfter(fj.families))
         return step if step.active else None
 
     def _preempt(self, step: StepShare) -> None:
-        sched = self.sched
         now = time.time()
         for rid in step.preempt:
-            req = sched.requests[rid]
-            sched.running.remove(req)
-            vllm_private.preempt(sched, req, now)
-        sched.metrics.inc("fair_share_preemptions", len(step.preempt))
+            self.vllm.preempt(self.vllm.requests[rid], now)
+        self.metrics.inc("fair_share_preemptions", len(step.preempt))
         logger.debug("fair share (%d slots per family): preempted %s",
                      step.share, step.preempt)
 
     def _family(self, rid: str) -> str:
-        st = self.sched.fork_join.states.get(rid)
+        st = self.fork_join.states.get(rid)
         return st.family.root_id if st is not None and st.family is not None else rid
 
     def _waiting_key(self, req: Request) -> WaitingKey | None:
@@ -94,9 +97,9 @@ class FairShare:
         if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
             return None
         rid = req.request_id
-        if rid in self.sched.fork_join.children:
+        if rid in self.fork_join.children:
             return WaitingKey(self._family(rid), req.priority, True, None)
-        return WaitingKey(rid, req.priority, False, self.sched.fork_join.arrival_order.get(rid))
+        return WaitingKey(rid, req.priority, False, self.fork_join.arrival_order.get(rid))
 
     def _waiting_entries(self) -> list[Entry]:
         """The waiting requests' entries in queue order (parked sessions
@@ -107,7 +110,7 @@ class FairShare:
         parked_status = RequestStatus.WAITING_FOR_STREAMING_REQ
         known = self._known_entries
         entries: list[Entry] = []
-        for req in self.sched.waiting:
+        for req in self.vllm.waiting:
             if req.status == parked_status:
                 continue
             key = (req, req.num_tokens, req.num_computed_tokens)
@@ -120,25 +123,25 @@ class FairShare:
         return entries
 
     def _waiting_entry(self, req: Request) -> Entry:
-        fj = self.sched.fork_join
+        fj = self.fork_join
         rid = req.request_id
         is_child = rid in fj.children
         # (A request that is not a child is its family's root.)
         family = self._family(rid) if is_child else rid
         return Entry(rid, family, req.priority, is_child,
                      blocks_to_start(req.num_tokens, req.num_computed_tokens,
-                                     self.sched.block_size), fj.arrival_order.get(rid))
+                                     self.vllm.block_size), fj.arrival_order.get(rid))
 
     def _holdings(self) -> Holdings:
         """The running requests' slots by family, in one pass that builds no
         entry; a family's blocks and the running entries only when the share
         asks for them (while it is worked out, before vLLM schedules)."""
-        sched = self.sched
-        children = sched.fork_join.children
+        vllm = self.vllm
+        children = self.fork_join.children
         family_of = self._family
         slots: dict[str, int] = {}
         child_families: set[str] = set()
-        for req in sched.running:
+        for req in vllm.running:
             family = family_of(req.request_id)
             slots[family] = slots.get(family, 0) + 1
             if req.request_id in children:
@@ -153,20 +156,20 @@ class FairShare:
 
         # vLLM admits a waiting request only while its running requests and
         # waiting sessions (parked requests are not counted) leave room.
-        active = (len(sched.running) + sched.num_waiting_for_streaming_input
-                  - sched.fork_join.num_parked)
-        return Holdings(slots=slots, free_slots=sched.max_num_running_reqs - len(sched.running),
-                        room=max(0, sched.max_num_active_reqs - active),
+        active = (len(vllm.running) + vllm.num_waiting_for_streaming_input
+                  - self.fork_join.num_parked)
+        return Holdings(slots=slots, free_slots=vllm.max_num_running_reqs - len(vllm.running),
+                        room=max(0, vllm.max_num_active_reqs - active),
                         child_families=child_families, blocks=blocks,
                         running=self._running_entries)
 
     def _holders(self) -> list[Request]:
         """Requests holding blocks the plan counts: parked parents (not
         spilled), then the running requests."""
-        fj = self.sched.fork_join
+        fj = self.fork_join
         parked = [st.request for st in fj.states.values()
-                  if st.parked and st.spilled_frontier is None]
-        return parked + list(self.sched.running)
+                  if st.phase in (Phase.PARKING, Phase.PARKED)]
+        return parked + list(self.vllm.running)
 
     def _family_blocks(self, requests: Iterable[Request]) -> int:
         """Blocks ``requests`` (one family's) hold, each counted once."""
@@ -180,11 +183,11 @@ class FairShare:
         seen: dict[str, set[int]] = {}
         holders = self._holders()
         entries = [self._holding_entry(req, seen) for req in holders]
-        return entries[len(holders) - len(self.sched.running):]
+        return entries[len(holders) - len(self.vllm.running):]
 
     def _holding_entry(self, req: Request, seen: dict[str, set[int]]) -> Entry:
         rid = req.request_id
-        return Entry(rid, self._family(rid), req.priority, rid in self.sched.fork_join.children,
+        return Entry(rid, self._family(rid), req.priority, rid in self.fork_join.children,
                      self._unseen_blocks(req, seen))
 
     def _unseen_blocks(self, req: Request, seen: dict[str, set[int]]) -> int:
@@ -193,8 +196,8 @@ class FairShare:
         blocks, each counted once per family. A request without a family
         ledger is a family of one: all its blocks are its own."""
         rid = req.request_id
-        block_ids = self.sched.kv_cache_manager.get_block_ids(rid)[0]
-        st = self.sched.fork_join.states.get(rid)
+        block_ids = self.vllm.block_ids(rid)
+        st = self.fork_join.states.get(rid)
         if st is None or st.family is None:
             return len(block_ids)
         counted = seen.setdefault(st.family.root_id, set())

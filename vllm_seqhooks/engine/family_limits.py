@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+from typing import Iterator
+
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.core.family_limits import CHILD_TIMEOUT, DEADLINE, FamilyLedger, family_limits
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.core.request_tree import FAILED, FINISHED
-from vllm_seqhooks.engine.agreed_clock import AgreedClock, spmd_engine
-from vllm_seqhooks.engine.state import HookState
+from vllm_seqhooks.engine.agreed_clock import AgreedClock
+from vllm_seqhooks.engine.metrics import HookMetrics
+from vllm_seqhooks.engine.state import ForkJoinState, HookState
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -21,23 +26,38 @@ logger = logging.getLogger("vllm.seqhooks.scheduler")
 CUT_REASON = "length"
 
 
+@dataclass(frozen=True)
+class ChildrenCut:
+    """Live children to end now (with their subtrees), as ``status`` and
+    ``outcome``, for ``reason``: decided by :meth:`FamilyLimits.enforce`,
+    applied by the scheduler (``end_children``)."""
+
+    child_ids: list[str]
+    status: RequestStatus
+    outcome: str
+    reason: str
+
+
 class FamilyLimits:
     """Family token budgets, descendant and live-children limits, deadlines."""
 
     #: Wall clock of deadlines (vLLM's arrival times are time.time()).
     clock = staticmethod(time.time)
 
-    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
-        self.sched = sched
+    def __init__(self, fork_join: ForkJoinState, hooks: SpecialKwargs, metrics: HookMetrics,
+                 spmd: bool) -> None:
+        self.fork_join = fork_join
+        self.hooks = hooks
+        self.metrics = metrics
         #: A clock reading as every rank sees it (the latest of theirs on an
         #: SPMD engine, whose ranks must take the same decisions).
         self.agree = _as_is
-        if spmd_engine(sched.vllm_config):
+        if spmd:
             agreed = AgreedClock()
             self.clock, self.agree = agreed, agreed.agree
 
     def new_family(self, request: Request, per_request: dict) -> FamilyLedger:
-        hooks = self.sched.hooks
+        hooks = self.hooks
         limits = family_limits(
             max_tokens=request.max_tokens,
             max_children_per_request=hooks.max_children_per_request,
@@ -52,7 +72,7 @@ class FamilyLimits:
         if limits.timeout_s is not None:  # (its deadline runs from there)
             started = self.agree(started)
         ledger = FamilyLedger(request.request_id, limits, started=started)
-        fj = self.sched.fork_join
+        fj = self.fork_join
         fj.families[request.request_id] = ledger
         if ledger.deadline is not None:
             fj.timed_families.add(ledger)
@@ -67,13 +87,13 @@ class FamilyLimits:
         if family is None:
             return None
         self.settle(family)
-        return family.spawn_refusal(len(self.sched.fork_join.children),
-                                    self.sched.hooks.max_live_children)
+        return family.spawn_refusal(len(self.fork_join.children),
+                                    self.hooks.max_live_children)
 
     def child_spawned(self, family: FamilyLedger | None, child_id: str) -> None:
         if family is None:
             return
-        fj = self.sched.fork_join
+        fj = self.fork_join
         family.spawned()
         cst = fj.states.get(child_id)
         if cst is not None:
@@ -87,7 +107,7 @@ class FamilyLimits:
         descendant's budget fits in what the family has left (none can be
         trimmed or spend the budget: they sample without per-step
         charging); else every descendant is charged as it samples."""
-        fj = self.sched.fork_join
+        fj = self.fork_join
         self.settle(family)
         others = (fj.states.get(rid) for rid in family.deferred)
         remaining = cst.orig_max_tokens + sum(
@@ -108,7 +128,7 @@ class FamilyLimits:
 
     def settle(self, family: FamilyLedger) -> None:
         """Charge what the family's deferred descendants sampled so far."""
-        states = self.sched.fork_join.states
+        states = self.fork_join.states
         for rid in family.deferred:
             st = states.get(rid)
             if st is not None:
@@ -121,7 +141,7 @@ class FamilyLimits:
             st.charged_upto = sampled
 
     def child_ended(self, st: HookState | None, rid: str) -> None:
-        self.sched.fork_join.child_deadlines.pop(rid, None)
+        self.fork_join.child_deadlines.pop(rid, None)
         if st is not None and st.family is not None:
             if st.charge_deferred:
                 self._settle_one(st)
@@ -152,7 +172,7 @@ class FamilyLimits:
             logger.info("%s: family token budget (%d tokens for descendants) "
                         "spent; cutting its descendants", family.root_id,
                         family.limits.descendant_budget)
-            self.sched.fork_join.families_to_cut.append(family)
+            self.fork_join.families_to_cut.append(family)
 
     def stops_member(self, st: HookState) -> bool:
         """True when this request must stop now because its family stopped:
@@ -163,10 +183,11 @@ class FamilyLimits:
         return st.charged_to is not None or family.exhausted_by == DEADLINE
 
     # ---------------------------------------------------------- enforcing
-    def enforce(self) -> None:
+    def enforce(self) -> Iterator[ChildrenCut]:
         """At each step: cut families that ran out, fail children past
-        their deadline."""
-        fj = self.sched.fork_join
+        their deadline; each cut is applied by the caller before the next
+        is decided (a child it ended is not cut again)."""
+        fj = self.fork_join
         if fj.child_deadlines or fj.timed_families:
             now = self.clock()
             for family in list(fj.timed_families):
@@ -176,16 +197,18 @@ class FamilyLimits:
                         fj.set_quiet(root, None)  # it stops at its next step
                     logger.info("%s: family timeout (%.3fs) passed; cutting its "
                                 "descendants", family.root_id, family.limits.timeout_s)
-                    self.sched.metrics.inc("family_deadlines", 1)
+                    self.metrics.inc("family_deadlines", 1)
                     fj.families_to_cut.append(family)
             expired = [rid for rid, t in fj.child_deadlines.items() if t <= now]
             if expired:
-                self._time_out(expired)
+                yield self._time_out(expired)
         while fj.families_to_cut:
-            self._cut(fj.families_to_cut.pop())
+            cut = self._cut(fj.families_to_cut.pop())
+            if cut is not None:
+                yield cut
 
-    def _time_out(self, child_ids: list[str]) -> None:
-        fj = self.sched.fork_join
+    def _time_out(self, child_ids: list[str]) -> ChildrenCut:
+        fj = self.fork_join
         for rid in child_ids:
             fj.child_deadlines.pop(rid, None)
             st = fj.states.get(rid)
@@ -193,25 +216,23 @@ class FamilyLimits:
                 st.family.timed_out_children += 1
             logger.info("%s: child timeout passed; it fails and its parent "
                         "resumes", rid)
-        self.sched.metrics.inc("child_timeouts", len(child_ids))
-        self.sched.end_children(child_ids, RequestStatus.FINISHED_ABORTED, FAILED,
-                                CHILD_TIMEOUT)
+        self.metrics.inc("child_timeouts", len(child_ids))
+        return ChildrenCut(child_ids, RequestStatus.FINISHED_ABORTED, FAILED, CHILD_TIMEOUT)
 
-    def _cut(self, family: FamilyLedger) -> None:
+    def _cut(self, family: FamilyLedger) -> ChildrenCut | None:
         """End the family's live descendants as if they had reached their
         ``max_tokens``; parked ones join (and finish) when theirs end."""
-        fj = self.sched.fork_join
+        fj = self.fork_join
         live = []
         for rid in fj.tree.live_descendants(family.root_id):
             st = fj.states.get(rid)
             if rid in fj.children and not (st is not None and st.parked):
                 live.append(rid)
         if not live:
-            return
+            return None
         family.cut_children += len(live)
-        self.sched.metrics.inc("children_cut", len(live))
-        self.sched.end_children(live, RequestStatus.FINISHED_LENGTH_CAPPED, FINISHED,
-                                CUT_REASON)
+        self.metrics.inc("children_cut", len(live))
+        return ChildrenCut(live, RequestStatus.FINISHED_LENGTH_CAPPED, FINISHED, CUT_REASON)
 
 
 def _as_is(reading: float) -> float:

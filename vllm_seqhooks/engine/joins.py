@@ -1,7 +1,6 @@
-"""The output side of a step: children's outputs stay in EngineCore, a
-parked parent whose children have ended takes their merged outputs and
-resumes or finishes (:mod:`vllm_seqhooks.core.join_plan` decides), and a
-finished request carries its trace."""
+"""Joins: a child that ended gives its parent its output, and a parked
+parent whose children have all ended takes their merged outputs and
+resumes or finishes (:mod:`vllm_seqhooks.core.join_plan` decides)."""
 
 from __future__ import annotations
 
@@ -9,109 +8,52 @@ import copy
 import logging
 import time
 from dataclasses import dataclass
-from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from typing import Callable
+
+from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 from vllm_seqhooks.config.request_keys import POSITION_SHIFT_ARG, SAMPLED_BEFORE_ARG
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.core.join_plan import (
     Piece, common_prefix, contribution, cut_pieces, first_child_covers, fit_merge,
     layout_pieces, resumes)
-from vllm_seqhooks.core.request_tree import FAILED, FINISHED, MERGED, JoinRecord
-from vllm_seqhooks.core.trace import TRACE_KEY, build_trace
-from vllm_seqhooks.engine import vllm_private
-from vllm_seqhooks.engine.logprob_rows import as_lists, concat, forced_row, rows_of
-from vllm_seqhooks.engine.state import HookState
+from vllm_seqhooks.core.request_tree import FINISHED, MERGED, JoinRecord
+from vllm_seqhooks.engine.family_limits import FamilyLimits
+from vllm_seqhooks.engine.family_trace import attach_trace
+from vllm_seqhooks.engine.logprob_rows import LogprobRows, as_lists, forced_row
+from vllm_seqhooks.engine.metrics import HookMetrics
+from vllm_seqhooks.engine.parking import Parking
+from vllm_seqhooks.engine.splicing import Splicing
+from vllm_seqhooks.engine.state import ForkJoinState, HookState
+from vllm_seqhooks.engine.vllm_private import SchedulerPort
 from vllm_seqhooks.formats.boundaries import ChildText, child_output, join_tokens
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
 
-#: Finish reasons of a child that count as finished (else it failed).
-_FINISHED_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.REPETITION)
-
 
 class Joins:
-    """Filters children's outputs, joins parked parents, attaches traces."""
+    """Ends children, joins parked parents (they resume or finish with the
+    merge). ``text_codec()``: the engine's text codec."""
 
-    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
-        self.sched = sched
-
-    # ------------------------------------------------------------ outputs
-    def filter_outputs(self, outputs: dict[int, EngineCoreOutputs],
-                       parked_now: set[str]) -> None:
-        """Take children's outputs out of a step's ``outputs`` (noting the
-        children that ended), keep the outputs of requests that parked in
-        this step unfinished, and attach the trace of finished ones."""
-        fj = self.sched.fork_join
-        children, ended = fj.children, fj.ended_children
-        for eco in outputs.values():
-            outs = eco.outputs
-            # Most outputs are running children's or plain decodes: two
-            # passes of membership tests, the per-output work only for the
-            # few that finished or parked.
-            for out in [o for o in outs if o.finish_reason is not None
-                        or o.request_id in parked_now]:
-                rid = out.request_id
-                child = children.get(rid)
-                if child is not None or rid in ended:
-                    if child is not None and rid not in parked_now:
-                        state = (FINISHED if out.finish_reason in _FINISHED_REASONS
-                                 else FAILED)
-                        self.child_ended(child, state, out.finish_reason)
-                elif rid in parked_now:
-                    self._unfinish(out)
-                elif rid in fj.tree:
-                    self.attach_trace(out)
-            if children or ended:
-                eco.outputs = [o for o in outs
-                               if o.request_id not in children and o.request_id not in ended]
-            if eco.finished_requests:
-                eco.finished_requests = {
-                    r for r in eco.finished_requests
-                    if r not in children and r not in ended
-                }
-
-    def _unfinish(self, out: EngineCoreOutput) -> None:
-        """A parked request's output of this step: not finished, and without
-        the stop token it finished with (the frontend drops the last token of
-        a stop-terminated output from the text, so it must come after the
-        merged tokens) or the fork tag's last token (the join replaces it)."""
-        out.finish_reason = None
-        out.stop_reason = None
-        st = self.sched.fork_join.states.get(out.request_id)
-        if (st is not None and (st.stop_pos is not None or st.fork is not None)
-                and out.new_token_ids):
-            out.new_token_ids = list(out.new_token_ids[:-1])
-            if out.new_logprobs is not None:
-                out.new_logprobs = self.sched.logprob_rows.withhold(
-                    out.request_id, out.new_logprobs, len(out.new_token_ids))
-
-    def deliver_pending(self, outputs: dict[int, EngineCoreOutputs]) -> None:
-        """Add the outputs made outside this step (merged tokens, finished
-        parents) to it, after the request's own output of the step."""
-        fj = self.sched.fork_join
-        for client_index, out in fj.pending_outputs:
-            eco = outputs.get(client_index)
-            if eco is None:
-                eco = outputs[client_index] = EngineCoreOutputs()
-            for existing in eco.outputs:
-                if existing.request_id == out.request_id and existing.finish_reason is None:
-                    if out.new_logprobs is not None:
-                        existing.new_logprobs = concat(existing.new_logprobs, rows_of(
-                            out.new_logprobs, len(out.new_token_ids)))
-                    existing.new_token_ids = list(existing.new_token_ids) + list(out.new_token_ids)
-                    existing.finish_reason = out.finish_reason
-                    existing.stop_reason = out.stop_reason
-                    existing.kv_transfer_params = out.kv_transfer_params
-                    break
-            else:
-                eco.outputs.append(out)
-        fj.pending_outputs = []
+    def __init__(self, fork_join: ForkJoinState, hooks: SpecialKwargs, metrics: HookMetrics,
+                 vllm: SchedulerPort, family_limits: FamilyLimits, parking: Parking,
+                 splicing: Splicing, logprob_rows: LogprobRows, text_codec: Callable) -> None:
+        self.fork_join = fork_join
+        self.hooks = hooks
+        self.metrics = metrics
+        self.vllm = vllm
+        self.family_limits = family_limits
+        self.parking = parking
+        self.splicing = splicing
+        self.logprob_rows = logprob_rows
+        self.text_codec = text_codec
 
     # ------------------------------------------------------------ children
     def child_ended(self, child: Request, state: str, finish_reason) -> None:
         rid = child.request_id
-        fj = self.sched.fork_join
+        fj = self.fork_join
         if rid not in fj.children:
             return
         st = fj.states.get(rid)
@@ -133,19 +75,19 @@ class Joins:
                      reason: str, text: bytes | None = None) -> None:
         """A child ended: its state goes, its parent gets ``tokens`` and joins
         once its other open children have ended too."""
-        fj = self.sched.fork_join
+        fj = self.fork_join
         del fj.children[rid]
         fj.ended_children.add(rid)
         fj.drop_state(rid)  # records its sampled tokens in its node
         fj.accounting.pop(rid, None)
-        fmt = self.sched.hooks.tag_format
+        fmt = self.hooks.tag_format
         if (state == FINISHED and st is not None and not st.ended_by_tag and fmt is not None
                 and fmt.child_end_tag and fmt.unclosed_child_stop_text is not None):
             parent = fj.states.get(fj.tree.get(rid).parent_id or "")
             if parent is not None:
                 parent.unclosed_child = True
-        self.sched.family_limits.child_ended(st, rid)
-        self.sched.metrics.child_ended(state)
+        self.family_limits.child_ended(st, rid)
+        self.metrics.child_ended(state)
         parent_id = fj.tree.child_ended(rid, state, tokens, reason, text)
         if parent_id is not None:
             fj.ready_joins.append(parent_id)
@@ -167,10 +109,10 @@ class Joins:
             stop_pos = req.num_tokens - 1
         tokens = req.all_token_ids if keep is None else req.all_token_ids[:keep]
         own = contribution(tokens, st.orig_prompt_len, stop_pos, merged)
-        fmt = self.sched.hooks.tag_format
+        fmt = self.hooks.tag_format
         if fmt is None:
             return own, None
-        return child_output(self.sched.admission.text_codec(), fmt, own,
+        return child_output(self.text_codec(), fmt, own,
                             ended_by_tag=st.ended_by_tag)
 
     # --------------------------------------------------------------- joins
@@ -178,19 +120,18 @@ class Joins:
         """Join every parent whose children have all ended (may cascade: a
         child finishing after its own join); a splice join whose blocks are
         not free yet waits for a later step (``Splicing.waits_for_blocks``)."""
-        fj = self.sched.fork_join
+        fj = self.fork_join
         later = []
         while fj.ready_joins:
             rid = fj.ready_joins.pop(0)
-            if self.sched.splicing.waits_for_blocks(rid):
+            if self.splicing.waits_for_blocks(rid):
                 later.append(rid)
             else:
                 self._join(rid)
         fj.ready_joins = later
 
     def _join(self, rid: str) -> None:
-        sched = self.sched
-        st = sched.fork_join.states.get(rid)
+        st = self.fork_join.states.get(rid)
         if st is None or not st.parked:
             return
         merge = self._take_merge(st)
@@ -198,32 +139,31 @@ class Joins:
         finish_status = st.final_status
         if finish_status is None and (merge.ends_parent or not resumes(
                 truncated=merge.record.truncated, merged=len(merge.tokens), room=merge.room,
-                remaining=remaining, family_stops=sched.family_limits.stops_member(st))):
+                remaining=remaining, family_stops=self.family_limits.stops_member(st))):
             finish_status = RequestStatus.FINISHED_LENGTH_CAPPED
         if finish_status is not None:
-            self._finish_after_join(st, merge.keep, merge.tokens, finish_status, merge.record)
+            self._finish_after_join(st, merge, finish_status)
         else:
-            self._resume(st, merge.keep, merge.tokens, merge.children, merge.record, remaining)
+            self._resume(st, merge, remaining)
 
     def _take_merge(self, st: HookState) -> "_Merge":
         """Join ``st``'s ended children (see :class:`_Merge`), the merge cut
         to what ``max_model_len`` leaves."""
-        sched = self.sched
-        fj = sched.fork_join
+        fj = self.fork_join
         rid = st.request.request_id
         node = fj.tree.get(rid)
         if node is not None and node.blocked_since is not None:
-            sched.metrics.observe_park(time.time() - node.blocked_since)
+            self.metrics.observe_park(time.time() - node.blocked_since)
         fork, st.fork = st.fork, None
-        stop_text = sched.hooks.unclosed_child_stop_text if st.unclosed_child else None
+        stop_text = self.hooks.unclosed_child_stop_text if st.unclosed_child else None
         st.unclosed_child = False
         keep, merged, children, pieces = self._merged_tokens(st, node, fork, stop_text)
         record = node.joins[-1]
-        fj.lifecycle.resume(st)
+        frontier = fj.lifecycle.resume(st)
         if pieces is not None and sum(n for _, n in pieces) != len(merged):
             logger.warning("%s: the merge's pieces do not add up; no provenance", rid)
             pieces = None
-        room = sched.max_model_len - keep
+        room = self.vllm.max_model_len - keep
         merged, record.truncated = fit_merge(merged, room)
         # A fork tag's last token given back unchanged is not a merged one.
         kept = common_prefix(merged, st.request.all_token_ids[keep:])
@@ -232,10 +172,10 @@ class Joins:
         if pieces is not None:
             record.pieces = [[None if owner is None else fj.tree.get(owner).key, n]
                              for owner, n in cut_pieces(pieces, kept, len(merged))]
-        sched.metrics.inc("joins", 1)
-        sched.metrics.inc("truncated_merges", int(record.truncated))
-        sched.metrics.inc("merged_tokens", record.merged_tokens)
-        return _Merge(keep, merged, children, record, room, stop_text is not None)
+        self.metrics.inc("joins", 1)
+        self.metrics.inc("truncated_merges", int(record.truncated))
+        self.metrics.inc("merged_tokens", record.merged_tokens)
+        return _Merge(keep, merged, children, record, room, stop_text is not None, frontier)
 
     def _merged_tokens(self, st: HookState, node, fork, stop_text: str | None
                        ) -> tuple[int, list[int], list[str], list[Piece] | None]:
@@ -244,27 +184,41 @@ class Joins:
         children, and who gave which of those tokens (None where a merge
         re-tokenizes text). A fork's merge ends with ``stop_text`` when
         given, else with the merge suffix (formats.boundaries.join_tokens)."""
-        sched = self.sched
-        hooks = sched.hooks
-        tree = sched.fork_join.tree
+        if fork is None:
+            return self._promise_merge(st, node)
+        return self._fork_merge(st, node, fork, stop_text)
+
+    def _promise_merge(self, st: HookState, node
+                       ) -> tuple[int, list[int], list[str], list[Piece]]:
+        """The promise protocol's merge: the parent keeps all its tokens;
+        its children's outputs follow (core.request_tree.take_merge)."""
+        hooks = self.hooks
+        tree = self.fork_join.tree
+        tokens = st.request.all_token_ids
+        suffix = (self.text_codec().encode(hooks.merge_suffix)
+                  if hooks.merge_suffix else ())
+        merged, children = tree.take_merge(
+            node.request_id, st.separator, hooks.failed_child_marker_token_ids, suffix)
+        if hooks.merge_strategy == "none":
+            return len(tokens), [], children, []
+        marker = len(hooks.failed_child_marker_token_ids or ())
+        took = [tree.get(c).state == MERGED for c in children]
+        pieces = layout_pieces(
+            0, [0] * len(children),
+            [len(tree.get(c).output_tokens or ()) if ok else marker
+             for c, ok in zip(children, took)],
+            [c if ok else None for c, ok in zip(children, took)],
+            len(st.separator), len(suffix))
+        return len(tokens), merged, children, pieces
+
+    def _fork_merge(self, st: HookState, node, fork, stop_text: str | None
+                    ) -> tuple[int, list[int], list[str], list[Piece] | None]:
+        """A tag format's merge after its fork tag: spliced, or the
+        children's headers and outputs joined as the format writes them."""
+        hooks = self.hooks
+        tree = self.fork_join.tree
         merges = hooks.merge_strategy != "none"
         tokens = st.request.all_token_ids
-        if fork is None:
-            suffix = (sched.admission.text_codec().encode(hooks.merge_suffix)
-                      if hooks.merge_suffix else ())
-            merged, children = tree.take_merge(
-                node.request_id, st.separator, hooks.failed_child_marker_token_ids, suffix)
-            if not merges:
-                return len(tokens), [], children, []
-            marker = len(hooks.failed_child_marker_token_ids or ())
-            took = [tree.get(c).state == MERGED for c in children]
-            pieces = layout_pieces(
-                0, [0] * len(children),
-                [len(tree.get(c).output_tokens or ()) if ok else marker
-                 for c, ok in zip(children, took)],
-                [c if ok else None for c, ok in zip(children, took)],
-                len(st.separator), len(suffix))
-            return len(tokens), merged, children, pieces
         pieces = []
         for cid in node.open_children:
             child = tree.get(cid)
@@ -272,12 +226,12 @@ class Joins:
             pieces.append(ChildText(child.label or "", child.output_tokens if done else None,
                                     child.output_text if done else None))
         children = tree.join_open_children(node.request_id)
-        codec = sched.admission.text_codec()
+        codec = self.text_codec()
         context = tokens[: fork.pos + 1]
         suffix_text = hooks.merge_suffix if stop_text is None else stop_text
         if not merges:  # the parent only waited
             pieces, suffix_text = [], ""
-        splicing = sched.splicing
+        splicing = self.splicing
         if splicing.enabled and pieces:
             record = node.joins[-1]
             if all(p.tokens is not None for p in pieces):
@@ -314,40 +268,40 @@ class Joins:
         params = st.request.sampling_params
         if params is None or params.logprobs is None:
             return None
-        return self.sched.logprob_rows.join_rows(
+        return self.logprob_rows.join_rows(
             st.request.request_id, keep - st.orig_prompt_len, merged, record,
-            self.sched.fork_join)
+            self.fork_join)
 
     def _splice_pieces(self, children: list[str], total: int) -> list[Piece]:
         """A splice merge: the fork tag's last token, each path (its child's
         start, then its output), the suffix."""
-        tree = self.sched.fork_join.tree
+        tree = self.fork_join.tree
         pieces: list[Piece] = [(None, 1)]
         for cid in children:
             node = tree.get(cid)
             pieces += [(None, len(node.start_tokens)), (cid, len(node.output_tokens or ()))]
         return [*pieces, (None, total - sum(n for _, n in pieces))]
 
-    def _resume(self, st: HookState, keep: int, merged: list[int], children: list[str],
-                record: JoinRecord, remaining: int) -> None:
-        """The parent samples again on its first ``keep`` tokens and
-        ``merged``: what it had not computed of them (its ``<sync>`` or fork
-        tag's last token) and ``merged`` become prompt tokens (vLLM's
-        streaming-session update), so only they prefill."""
-        sched = self.sched
-        fj = sched.fork_join
+    def _resume(self, st: HookState, merge: "_Merge", remaining: int) -> None:
+        """The parent samples again on its first ``keep`` tokens and the
+        merged ones: what it had not computed of them (its ``<sync>`` or fork
+        tag's last token) and the merged tokens become prompt tokens (vLLM's
+        streaming-session update), so only they prefill. A parent whose KV
+        was spilled (``merge.frontier``) resumes through the prefix cache."""
+        fj = self.fork_join
         req = st.request
         rid = req.request_id
-        spliced = sched.splicing.computed_after(rid)
-        if spliced is None and st.spilled_frontier is None and (
+        keep, merged, record, frontier = merge.keep, merge.tokens, merge.record, merge.frontier
+        spliced = self.splicing.computed_after(rid)
+        if spliced is None and frontier is None and (
                 req.num_computed_tokens > keep
-                or self._first_child_covers_merge(st, keep, merged, children)):
+                or self._first_child_covers_merge(st, keep, merged, merge.children)):
             # Resume through the prefix cache: on the first child's KV
             # blocks, or because KV was computed past the tokens it keeps
             # (a block holding the replaced token may be cached already).
-            sched.kv_pressure.release_blocks(st)
-        if st.spilled_frontier is not None:
-            req.num_computed_tokens = min(st.spilled_frontier, keep)
+            frontier = self.parking.give_back_blocks(req)
+        if frontier is not None:
+            req.num_computed_tokens = min(frontier, keep)
         uncomputed = req.all_token_ids[req.num_computed_tokens:keep]
         # Never extend the caller's own prompt list in place.
         req.prompt_token_ids = list(req.prompt_token_ids)
@@ -356,19 +310,18 @@ class Joins:
             prompt_token_ids=[*uncomputed, *merged],
             max_tokens=remaining,
             arrival_time=req.arrival_time,
-            sampling_params=_resumed_params(st, remaining, sched.splicing.final_shift(rid)),
+            sampling_params=_resumed_params(st, remaining, self.splicing.final_shift(rid)),
         )
         sampled = st.sampled
-        vllm_private.resume_session(sched, req, update)  # (a new segment)
+        self.vllm.resume_session(req, update)  # (a new segment)
         if spliced is not None:  # the fork tag and the paths: copied KV
             req.num_computed_tokens = spliced
-            sched.splicing.resumed(req)
+            self.splicing.resumed(req)
         st.sampled_before = sampled
-        if st.spilled_frontier is not None:
+        if frontier is not None:
             # Re-admit through the prefix cache: recompute what was evicted.
             req.num_computed_tokens = 0
-            st.spilled_frontier = None
-        sched.parking.unpark_to_queue(req)  # (its computed tokens say which queue)
+        self.parking.unpark_to_queue(req)  # (its computed tokens say which queue)
         req.stop_reason = None
         st.accounting = record
         fj.set_quiet(st, None)
@@ -386,12 +339,11 @@ class Joins:
         """A tag format's merge starts like the first child's own sequence
         (the parent's context, the child's start, its output): when the KV
         blocks that child filled with what the two share go past what the
-        parent computed, the parent resumes through the prefix cache and
-        reuses them."""
-        sched = self.sched
-        if sched.hooks.tag_format is None or not children or st.spilled_frontier is not None:
+        parent computed (it holds its blocks), the parent resumes through
+        the prefix cache and reuses them."""
+        if self.hooks.tag_format is None or not children:
             return False
-        node = sched.fork_join.tree.get(children[0])
+        node = self.fork_join.tree.get(children[0])
         if node is None or node.state != MERGED or not node.sampled_tokens:
             return False
         tokens = st.request.all_token_ids
@@ -402,31 +354,29 @@ class Joins:
         shared = start + common_prefix([*tokens[start:context], *own],
                                        [*tokens[start:keep], *merged])
         return first_child_covers(shared, node.prompt_tokens + node.sampled_tokens,
-                                  st.request.num_computed_tokens, sched.block_size)
+                                  st.request.num_computed_tokens, self.vllm.block_size)
 
-    def _finish_after_join(self, st: HookState, keep: int, merged: list[int],
-                           status: RequestStatus, record: JoinRecord) -> None:
+    def _finish_after_join(self, st: HookState, merge: "_Merge", status: RequestStatus) -> None:
         """The parent finishes with its merge: a child gives it to its own
         parent, a request sends it (and its held stop token) to the client."""
-        sched = self.sched
-        fj = sched.fork_join
+        fj = self.fork_join
         req = st.request
         rid = req.request_id
+        keep, merged = merge.keep, merge.tokens
         is_child = rid in fj.children
-        rows = self._merge_rows(st, keep, merged, record)
+        rows = self._merge_rows(st, keep, merged, merge.record)
         tokens, text = self.contribution(st, merged, keep) if is_child else (None, None)
         stop_reason = st.final_stop_reason  # (resumed by _take_merge: it finishes now)
-        if st.spilled_frontier is not None:
-            req.num_computed_tokens = st.spilled_frontier
-            st.spilled_frontier = None
-        sched.finish_in_vllm([rid], status)
+        if merge.frontier is not None:  # (vLLM frees the blocks it had computed)
+            req.num_computed_tokens = merge.frontier
+        self.vllm.finish([rid], status)
         if is_child:
             self._close_child(rid, st, FINISHED, tokens,
                               str(RequestStatus.get_finished_reason(status)), text)
             return
         held = [req.all_token_ids[st.stop_pos]] if st.stop_pos is not None else []
         if rows is not None and held:
-            row = sched.logprob_rows.withheld.pop(rid, None)
+            row = self.logprob_rows.withheld.pop(rid, None)
             rows.append(row if row is not None and row[0][0] == held[0] else forced_row(held[0]))
         out = EngineCoreOutput(
             request_id=rid,
@@ -435,30 +385,9 @@ class Joins:
             stop_reason=stop_reason,
             new_logprobs=as_lists(rows) if rows else None,
         )
-        self.attach_trace(out)
+        attach_trace(fj, out, self.metrics.engine)
         fj.drop_state(rid)
         fj.pending_outputs.append((req.client_index, out))
-
-    # --------------------------------------------------------------- trace
-    def attach_trace(self, out: EngineCoreOutput) -> None:
-        """A finished root request's output carries its family's trace; the
-        family's state goes."""
-        fj = self.sched.fork_join
-        rid = out.request_id
-        node = fj.tree.get(rid)
-        if node is None or node.parent_id is not None:
-            return
-        nodes = fj.tree.pop_tree(rid)
-        family = fj.drop_family(rid)
-        trace = build_trace(nodes, limits=family.summary() if family is not None else None,
-                            engine=self.sched.metrics.engine)
-        params = dict(out.kv_transfer_params or {})
-        params[TRACE_KEY] = trace
-        out.kv_transfer_params = params
-        fj.drop_state(rid)
-        for n in nodes[1:]:
-            fj.children.pop(n.request_id, None)
-            fj.drop_state(n.request_id)
 
 
 @dataclass(frozen=True)
@@ -474,6 +403,9 @@ class _Merge:
     record: JoinRecord
     room: int
     ends_parent: bool
+    #: How far its KV had reached when it was spilled (None: it held its
+    #: blocks while it waited).
+    frontier: int | None
 
 
 def _resumed_params(st: HookState, remaining: int, shift: int = 0):

@@ -9,8 +9,12 @@ import logging
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.core.kv_blocks import blocks_to_start
-from vllm_seqhooks.engine import vllm_private
-from vllm_seqhooks.engine.state import HookState
+from vllm_seqhooks.engine.lifecycle import Phase
+from vllm_seqhooks.engine.metrics import HookMetrics
+from vllm_seqhooks.engine.parking import Parking
+from vllm_seqhooks.engine.splicing import Splicing
+from vllm_seqhooks.engine.state import ForkJoinState, HookState
+from vllm_seqhooks.engine.vllm_private import SchedulerPort
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
@@ -19,8 +23,13 @@ logger = logging.getLogger("vllm.seqhooks.scheduler")
 class KVPressure:
     """Spills parked parents and orders preemption under KV pressure."""
 
-    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
-        self.sched = sched
+    def __init__(self, fork_join: ForkJoinState, vllm: SchedulerPort, metrics: HookMetrics,
+                 parking: Parking, splicing: Splicing) -> None:
+        self.fork_join = fork_join
+        self.vllm = vllm
+        self.metrics = metrics
+        self.parking = parking
+        self.splicing = splicing
 
     def maybe_spill(self) -> None:
         """Free the KV blocks of parked parents when the next waiting request
@@ -40,17 +49,17 @@ class KVPressure:
         it, with nothing running and every block parked, the engine would
         spin forever.
         """
-        sched = self.sched
-        if len(sched.running) >= sched.max_num_running_reqs or not self._waiting_needs_blocks():
+        vllm = self.vllm
+        if len(vllm.running) >= vllm.max_num_running_reqs or not self._waiting_needs_blocks():
             return
         for st in reversed(self._holders()):
             self.spill(st)
             if not self._waiting_needs_blocks():
                 return
-        if not sched.running and sched.splicing.held:
+        if not vllm.running and self.splicing.held:
             # Nothing runs that could free blocks: the blocks finished
             # children keep for their parents' splice joins go back too.
-            sched.splicing.release_held_for(self._waiting_needs_blocks)
+            self.splicing.release_held_for(self._waiting_needs_blocks)
 
     def order_for_preemption(self) -> None:
         """When the free blocks cannot give every running request one more,
@@ -58,21 +67,21 @@ class KVPressure:
         the priority policy takes the latest arrival, a child's being its
         family's). In arrival order the newest family goes first and whole,
         and the context its children share is freed with it."""
-        sched = self.sched
-        if sched.kv_cache_manager.block_pool.get_num_free_blocks() < len(sched.running):
-            sched.running.sort(key=_arrival)
+        running = self.vllm.running
+        if self.vllm.num_free_blocks() < len(running):
+            running.sort(key=_arrival)
 
     def _holders(self) -> list[HookState]:
         """Parked parents that hold KV blocks, oldest first."""
-        return [st for st in self.sched.fork_join.states.values()
-                if st.parked and st.spilled_frontier is None
+        return [st for st in self.fork_join.states.values()
+                if st.phase is Phase.PARKED
                 and st.request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
                 and st.request.num_computed_tokens > 0]
 
     def _waiting_needs_blocks(self) -> bool:
-        sched = self.sched
+        vllm = self.vllm
         head = None
-        for queue in (sched.kv_holding_waiting, sched.waiting):
+        for queue in (vllm.kv_holding_waiting, vllm.waiting):
             for req in queue:
                 if req.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
                     continue
@@ -82,22 +91,12 @@ class KVPressure:
                 break
         if head is None:
             return False
-        need = blocks_to_start(head.num_tokens, head.num_computed_tokens, sched.block_size)
-        free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
-        return free < need + 1
-
-    def release_blocks(self, st: HookState) -> None:
-        """A parked parent gives its KV blocks back to the pool (as
-        prefix-cache entries) and will resume through the prefix cache."""
-        sched = self.sched
-        req = st.request
-        vllm_private.free_blocks_to_prefix_cache(sched, req)
-        st.spilled_frontier = req.num_computed_tokens
-        req.num_computed_tokens = 0
+        need = blocks_to_start(head.num_tokens, head.num_computed_tokens, vllm.block_size)
+        return vllm.num_free_blocks() < need + 1
 
     def spill(self, st: HookState) -> None:
-        self.release_blocks(st)
-        self.sched.metrics.inc("spills", 1)
+        self.parking.spill(st)
+        self.metrics.inc("spills", 1)
         logger.info("spilled parked request %s (%d computed tokens) to let its "
                     "children run", st.request.request_id, st.spilled_frontier)
 

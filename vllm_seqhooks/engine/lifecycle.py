@@ -2,14 +2,15 @@
 one place (``HookState.phase``), changed only by the named transitions of
 :class:`Lifecycle`, each saying what it requires and what it changes (an
 invalid one raises :class:`InvalidTransition`). What other code asked
-through separate flags and counters (parked, parked pending, parked this
-step, the number parked) is read from here.
+through separate flags and counters (parked, spilled and its frontier,
+draining, parked this step, the number parked) is read from here.
 
 ::
 
-    RUNNING --park--> PARKING --kept--> PARKED --resume--> RUNNING
-                  (this step)         (SPILLED: PARKED whose KV blocks
-                                       were given back, see phase_of)
+    RUNNING --park--> PARKING --kept--> PARKED --spill--> SPILLED
+       ^  |          (this step)          |  ^--unspill--'   |
+       |  '--drain--> DRAINING             '----resume--------'--> RUNNING
+       '---drained---'   (one step)
 
 - RUNNING: in vLLM's hands like any request (queued, running, preempted).
   ``sampling.Sampling`` (its stop, or a ``<sync>``/fork tag it sampled
@@ -18,10 +19,17 @@ step, the number parked) is read from here.
   stop handler keeps it (``scheduler._handle_stopped_request`` ->
   ``vllm_private.park_stopped``) -> :meth:`kept`, in the same step.
 - PARKED: waiting for its children outside vLLM's queues, its KV blocks
-  held (or, SPILLED, given back to the prefix cache by ``kv_pressure``:
-  ``HookState.spilled_frontier`` is set). Its join
-  (``joins.Joins._take_merge`` / ``_finish_after_join``) -> :meth:`resume`;
-  it then runs again (or finishes) with the merged tokens.
+  held.
+- SPILLED: parked, its KV blocks given back to the prefix cache
+  (``parking.Parking.spill``, asked by ``kv_pressure.KVPressure``, or
+  parked so when vLLM preempted it in the step it stopped):
+  ``HookState.spilled_frontier`` says how far its KV went. A splice join
+  that takes blocks again -> :meth:`unspill`.
+- Its join (``joins.Joins._take_merge``) -> :meth:`resume` from PARKED or
+  SPILLED: it runs again, or finishes, with the merged tokens.
+- DRAINING: a splice join's child that wrote its end tag computes the
+  tag's KV in one more step (``sampling.Sampling.apply_events`` ->
+  :meth:`drain`; its next step -> :meth:`drained`, and it finishes).
 
 A request leaves (any phase) with its hook state (``ForkJoinState.drop_state``
 -> :meth:`forget`). :func:`lifecycle_problems` recounts, from vLLM's own
@@ -43,11 +51,12 @@ class Phase(enum.Enum):
     RUNNING = "running"
     PARKING = "parking"
     PARKED = "parked"
-    SPILLED = "spilled"  # (derived: PARKED whose blocks were given back)
+    SPILLED = "spilled"
+    DRAINING = "draining"
 
 
 #: Phases of a request that waits for its children (it is "parked").
-WAITING_FOR_CHILDREN = frozenset({Phase.PARKING, Phase.PARKED})
+WAITING_FOR_CHILDREN = frozenset({Phase.PARKING, Phase.PARKED, Phase.SPILLED})
 
 
 class InvalidTransition(RuntimeError):
@@ -65,77 +74,106 @@ class Lifecycle:
         self.parked_this_step: set[str] = set()
 
     @staticmethod
-    def phase_of(st: HookState) -> Phase:
-        """``st``'s phase, SPILLED told apart from PARKED."""
-        if st.phase is Phase.PARKED and st.spilled_frontier is not None:
-            return Phase.SPILLED
-        return st.phase
-
-    def _move(self, st: HookState, start: Phase, end: Phase) -> None:
-        if st.phase is not start:
+    def _move(st: HookState, starts: tuple[Phase, ...], end: Phase) -> None:
+        if st.phase not in starts:
             raise InvalidTransition(
-                f"{st.request.request_id}: {st.phase.value} -> {end.value} (needs {start.value})")
+                f"{st.request.request_id}: {st.phase.value} -> {end.value} "
+                f"(needs {' or '.join(p.value for p in starts)})")
         st.phase = end
 
-    def park(self, st: HookState) -> None:
+    def park(self, st: HookState, spilled_at: int | None = None) -> None:
         """RUNNING -> PARKING: it stopped in this step with open children
         (requires: running). Counted as parked; its outputs of this step lose
-        their finish reason."""
-        self._move(st, Phase.RUNNING, Phase.PARKING)
+        their finish reason. ``spilled_at``: vLLM preempted it while the step
+        was in flight (its blocks are gone); it parks spilled, its KV having
+        reached that token."""
+        self._move(st, (Phase.RUNNING,), Phase.PARKING)
+        st.spilled_frontier = spilled_at
         self.num_parked += 1
         self.parked_this_step.add(st.request.request_id)
 
     def kept(self, st: HookState) -> None:
-        """PARKING -> PARKED: vLLM kept it with its blocks (requires:
+        """PARKING -> PARKED (or SPILLED, parked so): vLLM kept it (requires:
         parking, in the step it parked)."""
-        self._move(st, Phase.PARKING, Phase.PARKED)
+        self._move(st, (Phase.PARKING,),
+                   Phase.PARKED if st.spilled_frontier is None else Phase.SPILLED)
 
-    def resume(self, st: HookState) -> None:
-        """PARKED -> RUNNING: its children are joined (requires: parked,
-        spilled or not); it runs, or finishes, with the merge."""
-        self._move(st, Phase.PARKED, Phase.RUNNING)
+    def spill(self, st: HookState, frontier: int) -> None:
+        """PARKED -> SPILLED: its KV blocks went back to the pool; its KV
+        had reached token ``frontier`` (requires: parked, holding blocks)."""
+        self._move(st, (Phase.PARKED,), Phase.SPILLED)
+        st.spilled_frontier = frontier
+
+    def unspill(self, st: HookState) -> None:
+        """SPILLED -> PARKED: it holds KV blocks again (a splice join took
+        them; requires: spilled)."""
+        self._move(st, (Phase.SPILLED,), Phase.PARKED)
+        st.spilled_frontier = None
+
+    def resume(self, st: HookState) -> int | None:
+        """PARKED or SPILLED -> RUNNING: its children are joined; it runs, or
+        finishes, with the merge. Returns how far its KV had reached when it
+        was spilled (None: it holds its blocks)."""
+        self._move(st, (Phase.PARKED, Phase.SPILLED), Phase.RUNNING)
         self.num_parked -= 1
+        frontier, st.spilled_frontier = st.spilled_frontier, None
+        return frontier
+
+    def drain(self, st: HookState) -> None:
+        """RUNNING -> DRAINING: it wrote its end tag and computes the tag's
+        KV in one more step (requires: running)."""
+        self._move(st, (Phase.RUNNING,), Phase.DRAINING)
+
+    def drained(self, st: HookState) -> None:
+        """DRAINING -> RUNNING: the step that computed its end tag's KV came;
+        it finishes now (requires: draining)."""
+        self._move(st, (Phase.DRAINING,), Phase.RUNNING)
 
     def forget(self, st: HookState) -> None:
         """It leaves, from any phase (aborted, finished, freed)."""
         if st.phase in WAITING_FOR_CHILDREN:
             self.num_parked -= 1
         st.phase = Phase.RUNNING
+        st.spilled_frontier = None
 
     def take_parked_this_step(self) -> set[str]:
         taken, self.parked_this_step = self.parked_this_step, set()
         return taken
 
 
-def lifecycle_problems(sched: Any) -> list[str]:
+def lifecycle_problems(fork_join: Any) -> list[str]:
     """What vLLM's state and the request tree say that the phases do not
     (between steps): the parked count is the number of requests in a parked
     phase; none is still PARKING; a parked request is vLLM's waiting
     session and its tree node is blocked; a running one is neither; a
-    spilled one holds no computed tokens."""
+    spilled one holds no computed tokens and has its frontier, any other
+    none; a draining one is a child."""
     from vllm.v1.request import RequestStatus
 
-    fork_join = sched.fork_join
     lifecycle = fork_join.lifecycle
     found = []
     parked = 0
     for rid, st in fork_join.states.items():
-        phase = lifecycle.phase_of(st)
+        phase = st.phase
         node = fork_join.tree.get(rid)
         blocked = node is not None and node.blocked
         session = st.request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
         if phase is Phase.PARKING:
             found.append(f"{rid} is still parking between steps")
-        if st.phase in WAITING_FOR_CHILDREN:
+        if phase in WAITING_FOR_CHILDREN:
             parked += 1
             if not (blocked and session):
                 found.append(f"{rid} is {phase.value} but its node blocked={blocked}, "
                              f"vLLM status {st.request.status.name}")
         elif blocked or (session and not st.request.is_finished()):
-            found.append(f"{rid} is running but its node blocked={blocked}, "
+            found.append(f"{rid} is {phase.value} but its node blocked={blocked}, "
                          f"vLLM status {st.request.status.name}")
+        if (phase is Phase.SPILLED) != (st.spilled_frontier is not None):
+            found.append(f"{rid} is {phase.value} with spilled frontier {st.spilled_frontier}")
         if phase is Phase.SPILLED and st.request.num_computed_tokens:
             found.append(f"{rid} is spilled with {st.request.num_computed_tokens} computed tokens")
+        if phase is Phase.DRAINING and rid not in fork_join.children:
+            found.append(f"{rid} is draining but is not a child")
     if parked != lifecycle.num_parked:
         found.append(f"{lifecycle.num_parked} counted parked, {parked} in a parked phase")
     return found

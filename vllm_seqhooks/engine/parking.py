@@ -11,24 +11,20 @@ what it relies on, is in :mod:`vllm_seqhooks.engine.vllm_private.sessions`."""
 
 from __future__ import annotations
 
-from typing import Callable
-
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.engine.state import ForkJoinState, HookState
+from vllm_seqhooks.engine.vllm_private import SchedulerPort
 
 
 class Parking:
-    """Parks requests that wait for their children: their phase and tree
-    node in ``fork_join``; ``drop_from_workers(request_id)`` tells the
-    workers to drop a request's state, ``requeue(request)`` queues a resumed
-    one in vLLM's waiting queues."""
+    """Parks requests that wait for their children (their phase and tree
+    node in ``fork_join``), spills parked ones' KV blocks, and queues joined
+    ones again, in vLLM's scheduler (``vllm``)."""
 
-    def __init__(self, fork_join: ForkJoinState, drop_from_workers: Callable[[str], None],
-                 requeue: Callable[[Request], None]) -> None:
+    def __init__(self, fork_join: ForkJoinState, vllm: SchedulerPort) -> None:
         self.fork_join = fork_join
-        self.drop_from_workers = drop_from_workers
-        self.requeue = requeue
+        self.vllm = vllm
 
     def park(self, st: HookState, *, stopped_by_finish: bool) -> None:
         """Park ``st``'s request in this step: at a ``<sync>`` or fork tag it
@@ -47,21 +43,34 @@ class Parking:
         else:
             request.status = RequestStatus.FINISHED_STOPPED
         request.stop_reason = None
-        if st.preempted_at_stop:
-            # vLLM preempted the request while this step was in flight: its
-            # blocks are gone (num_computed_tokens == 0). Park it as spilled:
-            # it resumes through the prefix cache.
-            st.spilled_frontier = request.num_tokens - (0 if stopped_by_finish else 1)
-        fj.lifecycle.park(st)
+        # vLLM preempted the request while this step was in flight: its
+        # blocks are gone (num_computed_tokens == 0). It parks spilled: it
+        # resumes through the prefix cache.
+        fj.lifecycle.park(st, spilled_at=request.num_tokens - (0 if stopped_by_finish else 1)
+                          if st.preempted_at_stop else None)
         # The worker drops its state for the parked request (freeing its
         # model-runner slot); it is re-sent in full when the request resumes.
-        self.drop_from_workers(rid)
+        self.vllm.drop_worker_state(rid)
         fj.tree.block(rid)
         if fj.tree.ready_to_join(rid):
             fj.ready_joins.append(rid)
+
+    def spill(self, st: HookState) -> None:
+        """A parked parent gives its KV blocks back to the pool (as
+        prefix-cache entries, see :meth:`give_back_blocks`): SPILLED, it
+        resumes through the prefix cache."""
+        self.fork_join.lifecycle.spill(st, self.give_back_blocks(st.request))
+
+    def give_back_blocks(self, request: Request) -> int:
+        """``request``'s KV blocks go back to the pool, its full blocks
+        staying in the prefix cache until evicted; it has no computed
+        tokens left. Returns how many it had."""
+        self.vllm.free_blocks_to_prefix_cache(request)
+        frontier, request.num_computed_tokens = request.num_computed_tokens, 0
+        return frontier
 
     def unpark_to_queue(self, request: Request) -> None:
         """The joined ``request`` (vLLM's session updated: status WAITING)
         is queued as vLLM queues a waiting request: among those holding KV
         blocks if it holds some, else among the others."""
-        self.requeue(request)
+        self.vllm.requeue(request)

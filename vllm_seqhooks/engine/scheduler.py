@@ -20,9 +20,12 @@ A request's life (see docs/lifecycle.md):
   family's budget, scans it (:mod:`vllm_seqhooks.formats`), and a closed
   payload or a fork spawns children (:mod:`.spawning`); ``<sync>`` with
   open children, or its end, parks it (:mod:`.parking`);
-* ``update_from_output``: children's outputs stay in EngineCore; a parked
-  parent whose children ended takes their merged outputs and resumes, or
-  finishes with its trace (:mod:`.joins`).
+* ``update_from_output``: children's outputs stay in EngineCore
+  (:mod:`.step_outputs`); a parked parent whose children ended takes their
+  merged outputs and resumes, or finishes with its trace (:mod:`.joins`).
+
+The parts receive what they use (never this scheduler); vLLM's scheduler
+state and calls reach them through ``vllm_private.SchedulerPort``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from functools import partial
 from itertools import chain
 from typing import Any, Iterable
 
@@ -44,6 +46,7 @@ from vllm_seqhooks.core.request_tree import ABORTED, FAILED
 from vllm_seqhooks.engine import WORKER_EXTENSION_CLASS_PATH, patches, vllm_private
 from vllm_seqhooks.engine.accounting import Accounting
 from vllm_seqhooks.engine.admission import Admission
+from vllm_seqhooks.engine.agreed_clock import spmd_engine
 from vllm_seqhooks.engine.engine_args import engine_hooks, served_model_name
 from vllm_seqhooks.engine.engine_support import unsupported_engine, unsupported_splice
 from vllm_seqhooks.engine.fair_share import FairShare
@@ -59,7 +62,8 @@ from vllm_seqhooks.engine.spawning import Spawning
 from vllm_seqhooks.engine.sampling import Sampling
 from vllm_seqhooks.engine.speculative import Speculative
 from vllm_seqhooks.engine.splicing import Splicing
-from vllm_seqhooks.engine.state import ForkJoinState, HookState
+from vllm_seqhooks.engine.state import ForkJoinState
+from vllm_seqhooks.engine.step_outputs import StepOutputs
 
 vllm_private.check()
 
@@ -96,21 +100,7 @@ class SeqHooksMixin:
             model_name=served_model_name(vllm_config.model_config),
             directory=os.environ.get(METRICS_ENV_DIR),
         )
-        self.family_limits = FamilyLimits(self)
-        self.admission = Admission(self.fork_join, self.hooks, self.family_limits,
-                                   vllm_config.model_config)
-        self.spawning = Spawning(self)
-        self.speculative = Speculative(self.fork_join, self.spawning)
-        self.parking = Parking(self.fork_join,
-                               drop_from_workers=partial(vllm_private.drop_worker_state, self),
-                               requeue=partial(vllm_private.requeue, self))
-        self.sampling = Sampling(self)
-        self.joins = Joins(self)
-        self.kv_pressure = KVPressure(self)
-        self.fair_share = FairShare(self)
-        self.accounting = Accounting(self.fork_join, self.metrics)
-        self.splicing = Splicing(self)
-        self.logprob_rows = LogprobRows()
+        self._build_parts(vllm_config)
         #: Whether a request with logprobs was admitted (children's rows are
         #: then kept for their joins).
         self.logprobs_seen = False
@@ -129,6 +119,32 @@ class SeqHooksMixin:
             # which covers a worker running in this process.
             patches.install_worker_patches()
         logger.info("sequence hooks on: %s", self.hooks.summary())
+
+
+    def _build_parts(self, vllm_config) -> None:
+        """The parts: each receives what it reads and the parts it calls;
+        vLLM's scheduler only through the port (``vllm_private.SchedulerPort``)."""
+        fj, hooks, metrics = self.fork_join, self.hooks, self.metrics
+        vllm = vllm_private.SchedulerPort(self, finish=super().finish_requests,
+                                          update_request=self._vllm_update_request)
+        self.family_limits = FamilyLimits(fj, hooks, metrics, spmd=spmd_engine(vllm_config))
+        self.admission = Admission(fj, hooks, self.family_limits, vllm_config.model_config)
+        text_codec = self.admission.text_codec
+        self.parking = Parking(fj, vllm)
+        self.splicing = Splicing(fj, hooks, metrics, vllm, self.parking, text_codec)
+        self.spawning = Spawning(fj, hooks, metrics, vllm, self.family_limits, self.splicing,
+                                 text_codec, add_request=self.add_request)
+        self.speculative = Speculative(fj, self.spawning)
+        self.sampling = Sampling(fj, hooks, vllm.update_request, self.family_limits,
+                                 self.speculative, self.spawning, self.parking, self.splicing)
+        self.logprob_rows = LogprobRows()
+        self.joins = Joins(fj, hooks, metrics, vllm, self.family_limits, self.parking,
+                           self.splicing, self.logprob_rows, text_codec)
+        self.step_outputs = StepOutputs(fj, self.logprob_rows, self.joins.child_ended,
+                                        engine=metrics.engine)
+        self.kv_pressure = KVPressure(fj, vllm, metrics, self.parking, self.splicing)
+        self.fair_share = FairShare(fj, vllm, metrics)
+        self.accounting = Accounting(fj, metrics)
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
@@ -176,15 +192,11 @@ class SeqHooksMixin:
 
     def _finish_subtrees(self, request_ids: Iterable[str], status: RequestStatus,
                          outcome: str, reason: str | None) -> list[Request]:
-        finished = self.finish_in_vllm(self.fork_join.tree.with_subtrees(request_ids), status)
+        finished = super().finish_requests(self.fork_join.tree.with_subtrees(request_ids), status)
         for req in finished:
             if req.request_id in self.fork_join.children:
                 self.joins.child_ended(req, outcome, reason)
         return finished
-
-    def finish_in_vllm(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
-        """vLLM's own ``finish_requests`` (no subtree, no hook bookkeeping)."""
-        return super().finish_requests(request_ids, status)
 
     def _get_local_prefix_cache_hit(self, request: Request):
         if not isinstance(self, SeqHooksMixin):  # vLLM's tests call it on a stand-in
@@ -217,7 +229,8 @@ class SeqHooksMixin:
     def schedule(self, *args: Any, **kwargs: Any):
         fj = self.fork_join
         if fj.families:
-            self.family_limits.enforce()
+            for cut in self.family_limits.enforce():
+                self.end_children(cut.child_ids, cut.status, cut.outcome, cut.reason)
         if fj.deferred_children:
             self.spawning.spawn_deferred()
         self.kv_pressure.maybe_spill()
@@ -319,9 +332,9 @@ class SeqHooksMixin:
         parked_now = fj.lifecycle.take_parked_this_step()
         if self.logprobs_seen and fj.children:
             self.logprob_rows.keep_children(outputs, fj)
-        self.joins.filter_outputs(outputs, parked_now)
+        self.step_outputs.filter_outputs(outputs, parked_now)
         self.joins.join_ready()
-        self.joins.deliver_pending(outputs)
+        self.step_outputs.deliver_pending(outputs)
         fj.ended_children.clear()
         self._publish_metrics()
         return outputs

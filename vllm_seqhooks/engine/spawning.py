@@ -14,16 +14,23 @@ from __future__ import annotations
 import copy
 import logging
 from collections import deque
+from typing import Callable
+
 from vllm.v1.request import Request
 
 from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.core.child_queue import ChildrenFirst
 from vllm_seqhooks.core.family_limits import ENGINE_LIVE, TRANSIENT_REFUSALS
 from vllm_seqhooks.core.join_plan import (
     child_budget, common_prefix, promise_prompt, promise_prompt_len)
 from vllm_seqhooks.core.request_tree import FAILED, RUNNING, HookNode, derive_seed
 from vllm_seqhooks.engine import vllm_private
-from vllm_seqhooks.engine.state import DeferredChild, HookState
+from vllm_seqhooks.engine.family_limits import FamilyLimits
+from vllm_seqhooks.engine.metrics import HookMetrics
+from vllm_seqhooks.engine.splicing import Splicing
+from vllm_seqhooks.engine.state import DeferredChild, ForkJoinState, HookState
+from vllm_seqhooks.engine.vllm_private import SchedulerPort
 from vllm_seqhooks.formats.events import ForkReached, PayloadClosed
 from vllm_seqhooks.formats.boundaries import child_prompt
 
@@ -32,38 +39,49 @@ logger = logging.getLogger("vllm.seqhooks.scheduler")
 
 
 class Spawning:
-    """Spawns child requests from closed payloads and forks."""
+    """Spawns child requests from closed payloads and forks.
+    ``add_request``: the hook scheduler's own (a child is admitted like
+    any request); ``text_codec()``: the engine's text codec."""
 
-    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
-        self.sched = sched
+    def __init__(self, fork_join: ForkJoinState, hooks: SpecialKwargs, metrics: HookMetrics,
+                 vllm: SchedulerPort, family_limits: FamilyLimits, splicing: Splicing,
+                 text_codec: Callable, add_request: Callable[[Request], None]) -> None:
+        self.fork_join = fork_join
+        self.hooks = hooks
+        self.metrics = metrics
+        self.vllm = vllm
+        self.family_limits = family_limits
+        self.splicing = splicing
+        self.text_codec = text_codec
+        self.add_request = add_request
 
     # ------------------------------------------------------------ refusals
     def spawn_refusal(self, st: HookState, ev: PayloadClosed) -> str | None:
         """Why a closed payload spawns no child (None: it spawns one).
         Changes nothing (the speculative look-ahead asks too)."""
-        refusal = self.sched.family_limits.refusal(st)
+        refusal = self.family_limits.refusal(st)
         if refusal is not None:
             return refusal
-        prompt_len = promise_prompt_len(self.sched.hooks, ev.start, ev.end, ev.context_end)
+        prompt_len = promise_prompt_len(self.hooks, ev.start, ev.end, ev.context_end)
         if prompt_len == 0:
             return "empty_payload"
-        return "max_model_len" if prompt_len >= self.sched.max_model_len else None
+        return "max_model_len" if prompt_len >= self.vllm.max_model_len else None
 
     def fork_refusal(self, st: HookState, ev: ForkReached) -> str | None:
         """Why a fork tag spawns no (more) children (None: it does, now or,
         past the live-children limits, once children end)."""
-        min_tokens = self.sched.hooks.fork_min_tokens
+        min_tokens = self.hooks.fork_min_tokens
         if min_tokens is not None and st.orig_max_tokens - st.sampled < min_tokens:
             return "fork_min_tokens"
-        refusal = self.sched.family_limits.refusal(st)
+        refusal = self.family_limits.refusal(st)
         return None if refusal in TRANSIENT_REFUSALS else refusal
 
     def ignore_promise(self, st: HookState, pos: int, reason: str) -> None:
-        node = self.sched.fork_join.tree.ensure_root(st.request.request_id)
+        node = self.fork_join.tree.ensure_root(st.request.request_id)
         node.ignored_promises.append({"position": pos, "reason": reason})
         if st.family is not None:
             st.family.promise_ignored(reason)
-        self.sched.metrics.inc("promises_ignored", 1)
+        self.metrics.inc("promises_ignored", 1)
         logger.debug("%s: promise at %d ignored (%s)", st.request.request_id, pos, reason)
 
     # ------------------------------------------------------------- spawning
@@ -73,7 +91,7 @@ class Spawning:
         if refusal is not None:
             self.ignore_promise(st, ev.start - 1, refusal)
             return
-        hooks = self.sched.hooks
+        hooks = self.hooks
         tokens = st.request.all_token_ids
         prompt = promise_prompt(hooks, tokens, ev.start, ev.end, ev.context_end)
         # (A fork context is the parent's tokens: all of it is shared.)
@@ -86,27 +104,26 @@ class Spawning:
         """A tag format's fork: one child per label, each starting from the
         parent's context through the fork tag, then its lead and header
         (formats.boundaries.child_prompt)."""
-        sched = self.sched
-        fmt = sched.hooks.tag_format
-        codec = sched.admission.text_codec()
+        fmt = self.hooks.tag_format
+        codec = self.text_codec()
         context = list(st.request.all_token_ids[: ev.pos + 1])
         deferring = False
         for label in ev.labels:
             prompt, kept = child_prompt(codec, fmt, context, ev.tag_start, label)
             start = prompt[kept:]
             refusal = self.fork_refusal(st, ev)
-            if refusal is None and len(prompt) >= sched.max_model_len:
+            if refusal is None and len(prompt) >= self.vllm.max_model_len:
                 refusal = "max_model_len"
             if refusal is not None:
                 self.ignore_promise(st, ev.pos, refusal)
                 continue
             child_id, node = self._new_node(st, prompt, list(start), start, label)
             # Once one waits, the fork's later children wait behind it.
-            deferring = deferring or sched.family_limits.refusal(st) is not None
+            deferring = deferring or self.family_limits.refusal(st) is not None
             if deferring:
-                sched.fork_join.deferred_children.append(
+                self.fork_join.deferred_children.append(
                     DeferredChild(st.request.request_id, child_id, prompt, ev.pos))
-                sched.metrics.inc("children_deferred", 1)
+                self.metrics.inc("children_deferred", 1)
                 logger.debug("%s deferred %s (live-children limits)",
                              st.request.request_id, child_id)
             else:
@@ -116,7 +133,7 @@ class Spawning:
         """Start deferred children, oldest first, while the live-children
         limits leave room; one whose family may not spawn any more (budget,
         deadline, descendants) fails, and its parent joins without it."""
-        fj = self.sched.fork_join
+        fj = self.fork_join
         waiting, fj.deferred_children = fj.deferred_children, deque()
         while waiting:
             entry = waiting.popleft()
@@ -124,7 +141,7 @@ class Spawning:
             node = fj.tree.get(entry.child_id)
             if st is None or node is None or node.state != RUNNING:
                 continue  # its parent or itself is gone
-            refusal = self.sched.family_limits.refusal(st)
+            refusal = self.family_limits.refusal(st)
             if refusal in TRANSIENT_REFUSALS:
                 fj.deferred_children.append(entry)
                 if refusal == ENGINE_LIVE:
@@ -132,7 +149,7 @@ class Spawning:
                     return
             elif refusal is not None:
                 self.ignore_promise(st, entry.closed_at, refusal)
-                self.sched.metrics.child_ended(FAILED)
+                self.metrics.child_ended(FAILED)
                 parent_id = fj.tree.child_ended(entry.child_id, FAILED, [], refusal)
                 if parent_id is not None:
                     fj.ready_joins.append(parent_id)
@@ -144,12 +161,11 @@ class Spawning:
                   ) -> tuple[str, HookNode]:
         """A new child's id and its node in the request tree (``shared``:
         how many of its prompt's first tokens are its parent's, when known)."""
-        sched = self.sched
-        fj = sched.fork_join
+        fj = self.fork_join
         parent_id = st.request.request_id
         fj.tree.ensure_root(parent_id)
         child_id = fj.tree.new_child_id(parent_id)
-        while child_id in sched.requests:  # a client request already has that id
+        while child_id in self.vllm.requests:  # a client request already has that id
             child_id += "~"
         node = fj.tree.add_child(parent_id, child_id, payload, len(prompt),
                                  start_tokens, label)
@@ -159,7 +175,7 @@ class Spawning:
         # counted in the rest, so that the shared part is the parent's for good.
         if shared is None:
             shared = common_prefix(prompt, st.request.all_token_ids)
-        if sched.hooks.tag_format is not None:
+        if self.hooks.tag_format is not None:
             shared = min(shared, len(prompt) - len(start_tokens) - 1)
         node.context_tokens = max(shared, 0)
         node.prompt_rest = tuple(prompt[node.context_tokens:])
@@ -169,13 +185,12 @@ class Spawning:
                      closed_at: int) -> None:
         """Queue child ``child_id`` with ``prompt``; its budget is what the
         parent had left when it sampled the token at ``closed_at``."""
-        sched = self.sched
-        fj = sched.fork_join
+        fj = self.fork_join
         parent = st.request
         # (With speculative decoding, tokens after it may be in this step.)
         sampled_after = max(0, parent.num_tokens - 1 - closed_at)
         budget = child_budget(st.child_max_tokens, st.orig_max_tokens, st.sampled - sampled_after,
-                              sched.max_model_len - len(prompt))
+                              self.vllm.max_model_len - len(prompt))
         if st.family is not None:
             budget = st.family.child_budget(budget)
         child = Request(
@@ -193,17 +208,17 @@ class Spawning:
             trace_headers=parent.trace_headers,
             block_hasher=None,  # the parent's, and its hashes (next line)
         )
-        vllm_private.share_block_hashes(child, parent, sched.hash_block_size,
+        vllm_private.share_block_hashes(child, parent, self.vllm.hash_block_size,
                                         node.context_tokens)
         fj.children[child_id] = child
-        sched.splicing.inherit(parent.request_id, child_id)
-        sched.add_request(child)
+        self.splicing.inherit(parent.request_id, child_id)
+        self.add_request(child)
         if st.family is not None and st.family.forked_after is None:
             st.family.forked_after = fj.arrivals
-        sched.family_limits.child_spawned(st.family, child_id)
+        self.family_limits.child_spawned(st.family, child_id)
         self._queue_first(child)
-        sched.metrics.inc("children_spawned", 1)
-        sched.metrics.inc("fork_prompt_tokens", len(prompt))
+        self.metrics.inc("children_spawned", 1)
+        self.metrics.inc("fork_prompt_tokens", len(prompt))
         logger.debug("%s spawned %s (key %s, %d prompt tokens, budget %d)",
                      parent.request_id, child_id, node.key, len(prompt), budget)
 
@@ -212,7 +227,7 @@ class Spawning:
         """Children wait ahead of requests that have not started, family by
         family. With the priority policy the parent's arrival time already
         orders the child so."""
-        queue = self.sched.waiting
+        queue = self.vllm.waiting
         if isinstance(queue, ChildrenFirst) and queue and queue[-1] is child:
             queue.pop()
             queue.insert_child(child)
@@ -220,7 +235,7 @@ class Spawning:
     def requeue_child(self, child: Request) -> None:
         """A preempted child (vLLM put it at the front of the queue) waits
         at its family's place too."""
-        queue = self.sched.waiting
+        queue = self.vllm.waiting
         if isinstance(queue, ChildrenFirst) and queue and queue[0] is child:
             queue.popleft()
             queue.insert_child(child)

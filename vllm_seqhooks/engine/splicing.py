@@ -45,13 +45,20 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.core.kv_blocks import blocks_holding
 from vllm_seqhooks.core.splice_inputs import SpliceInputs
 from vllm_seqhooks.core.splice_map import SpliceMap, SplicePath
+from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.engine import vllm_private
+from vllm_seqhooks.engine.lifecycle import Phase
+from vllm_seqhooks.engine.metrics import HookMetrics
+from vllm_seqhooks.engine.parking import Parking
+from vllm_seqhooks.engine.state import ForkJoinState
+from vllm_seqhooks.engine.vllm_private import SchedulerPort
 
 logger = logging.getLogger("vllm.seqhooks.scheduler")
 
@@ -71,9 +78,19 @@ class _Copies:
 
 
 class Splicing:
-    def __init__(self, sched) -> None:  # the SeqHooksMixin scheduler
-        self.sched = sched
-        self.enabled = sched.hooks.join == "splice"
+    """Splice joins: children's KV held, planned into their parent's
+    blocks at its join, copied and shifted in the steps that follow.
+    ``text_codec()``: the engine's text codec (for the merge suffix)."""
+
+    def __init__(self, fork_join: ForkJoinState, hooks: SpecialKwargs, metrics: HookMetrics,
+                 vllm: SchedulerPort, parking: Parking, text_codec: Callable) -> None:
+        self.fork_join = fork_join
+        self.hooks = hooks
+        self.metrics = metrics
+        self.vllm = vllm
+        self.parking = parking
+        self.text_codec = text_codec
+        self.enabled = hooks.join == "splice"
         #: Finished children whose blocks their parent has not taken yet,
         #: and the map each ended with (a path that forked in turn spans
         #: fewer positions than tokens).
@@ -91,11 +108,11 @@ class Splicing:
     # ---------------------------------------------------------- children
     def drains(self, child_id: str) -> bool:
         """A child that ends at its end tag computes the tag's KV first."""
-        return self.enabled and child_id in self.sched.fork_join.children
+        return self.enabled and child_id in self.fork_join.children
 
     def hold(self, request: Request) -> bool:
         """Keep a finished child's blocks for its parent (True: held)."""
-        if (not self.enabled or request.request_id not in self.sched.fork_join.children
+        if (not self.enabled or request.request_id not in self.fork_join.children
                 or request.status != RequestStatus.FINISHED_STOPPED):
             return False
         self.held[request.request_id] = request
@@ -120,7 +137,7 @@ class Splicing:
         copies = self.pending.pop(request_id, None)
         if copies is not None:
             self._release(copies.children)
-        tree = self.sched.fork_join.tree
+        tree = self.fork_join.tree
         orphans = [cid for cid in self.held
                    if (node := tree.get(cid)) is None or node.parent_id == request_id]
         if orphans and request_id not in self.held:
@@ -129,7 +146,7 @@ class Splicing:
     def give_back(self, child_ids) -> None:
         """A join that re-prefills: its children's held blocks go back."""
         self._release(child_ids)
-        self.sched.metrics.inc("splice_fallbacks", 1)
+        self.metrics.inc("splice_fallbacks", 1)
 
     def release_held_for(self, needs_blocks) -> None:
         """KV pressure with nothing running: finished children give their
@@ -141,7 +158,7 @@ class Splicing:
             if not needs_blocks():
                 return
             self._release([cid])
-            self.sched.metrics.inc("splice_holds_released", 1)
+            self.metrics.inc("splice_holds_released", 1)
             logger.info("%s gives its held KV blocks back (nothing runs and the next "
                         "waiting request needs them); its parent's join re-prefills", cid)
 
@@ -150,7 +167,7 @@ class Splicing:
             request = self.held.pop(cid, None)
             self.held_maps.pop(cid, None)
             if request is not None:
-                vllm_private.free_held_blocks(self.sched, request)
+                self.vllm.free_held_blocks(request)
 
     # -------------------------------------------------------------- join
     def merge(self, st, keep: int, children: list[str], suffix: list[int],
@@ -162,14 +179,13 @@ class Splicing:
         blocks of the children are then given back). A parent whose KV was
         spilled while it waited takes blocks for its first ``keep`` tokens
         again (``record.splice_context_copied`` says how many it copies)."""
-        sched = self.sched
         req = st.request
         rid = req.request_id
         context = keep + 1  # its tokens, the fork tag's last included
-        spilled = st.spilled_frontier is not None
+        spilled = st.phase is Phase.SPILLED
         paths, reason = self._paths(st, keep, children)
         merged = [req.all_token_ids[keep]] + [t for _, p in paths for t in p] + list(suffix)
-        if reason is None and keep + len(merged) > sched.max_model_len:
+        if reason is None and keep + len(merged) > self.vllm.max_model_len:
             reason = "the merge passes max_model_len"
         first, first_end = (paths[0][0], context + len(paths[0][1])) if paths else (None, 0)
         have = None if reason is not None else self._allocate(
@@ -184,10 +200,10 @@ class Splicing:
         if spilled:
             record.splice_after_spill = True
             record.splice_context_copied = max(0, context - have)
-            sched.metrics.inc("splice_joins_after_spill", 1)
+            self.metrics.inc("splice_joins_after_spill", 1)
         if have > context:
             record.splice_adopted_tokens = have - context
-            sched.metrics.inc("splice_adopted_tokens", have - context)
+            self.metrics.inc("splice_adopted_tokens", have - context)
         # Its tokens with no KV yet come from the children: its own (the
         # fork tag's last, and after a spill what the prefix cache did not
         # keep) from the first child, whose context they are; each path
@@ -209,20 +225,19 @@ class Splicing:
         if joined:
             self.maps[rid] = joined
         vllm_private.salt_block_hashes(req, _salt(rid))
-        sched.metrics.inc("splice_joins", 1)
-        sched.metrics.inc("spliced_tokens", at - context + 1)
+        self.metrics.inc("splice_joins", 1)
+        self.metrics.inc("spliced_tokens", at - context + 1)
         return merged, None
 
     def _paths(self, st, keep: int,
                children: list[str]) -> tuple[list[tuple[str, list[int]]], str | None]:
         """Each child's path (its tokens after the parent's context), as far
         as its held KV goes; and why the join cannot splice, if it cannot."""
-        sched = self.sched
         req = st.request
-        tree = sched.fork_join.tree
+        tree = self.fork_join.tree
         context = keep + 1
         reason = None
-        if st.spilled_frontier is not None:
+        if st.phase is Phase.SPILLED:
             if req.num_computed_tokens:
                 reason = "the parent's KV was spilled in a step still in flight"
         elif req.num_computed_tokens != keep:
@@ -253,22 +268,22 @@ class Splicing:
         back its own first; a parent whose KV was spilled takes blocks back
         and waits again as one holding KV. Returns how many of its tokens
         have their KV already; None when the blocks are not free."""
-        sched = self.sched
         req = st.request
-        kv = sched.kv_cache_manager
-        size = sched.block_size
-        spilled = st.spilled_frontier is not None
-        adopt = first_end // size * size if kv.enable_caching and first else 0
+        vllm = self.vllm
+        size = vllm.block_size
+        spilled = st.phase is Phase.SPILLED
+        adopt = first_end // size * size if vllm.enable_caching and first else 0
         if adopt <= keep // size * size or (blocks_holding(num_tokens, size) - adopt // size
-                                           > kv.block_pool.get_num_free_blocks()):
+                                           > vllm.num_free_blocks()):
             adopt = 0
         elif not spilled:
-            sched.kv_pressure.release_blocks(st)  # its own blocks go: it takes the child's
-        have = vllm_private.allocate_join_blocks(kv, req, num_tokens, size, first, adopt)
-        if have is None or st.spilled_frontier is None:
+            self.parking.spill(st)  # its own blocks go: it takes the child's
+        have = vllm_private.allocate_join_blocks(vllm.kv_cache_manager, req, num_tokens, size,
+                                                 first, adopt)
+        if have is None or st.phase is not Phase.SPILLED:
             return have
         req.num_computed_tokens = keep
-        st.spilled_frontier = None
+        self.fork_join.lifecycle.unspill(st)
         if adopt:
             self.adopted[req.request_id] = (first, adopt)
         if spilled:
@@ -283,7 +298,7 @@ class Splicing:
         if adopted is not None:
             donor, tokens = adopted
             vllm_private.adopt_block_hashes(request, self.held[donor], tokens,
-                                            self.sched.hash_block_size)
+                                            self.vllm.hash_block_size)
 
     def waits_for_blocks(self, rid: str) -> bool:
         """Whether a parent whose children have all ended waits a step
@@ -292,27 +307,26 @@ class Splicing:
         preempted for one another). With nothing running it joins at once,
         and re-prefills if the blocks are still not there (its children's
         held blocks go back then): never a wait nothing can end."""
-        sched = self.sched
-        st = sched.fork_join.states.get(rid)
-        if not self.enabled or not sched.running or st is None or st.fork is None:
+        st = self.fork_join.states.get(rid)
+        if not self.enabled or not self.vllm.running or st is None or st.fork is None:
             return False
-        tree = sched.fork_join.tree
+        tree = self.fork_join.tree
         tokens = st.fork.pos + 1 + self._suffix_tokens()
         for cid in tree.get(rid).open_children:
             node = tree.get(cid)
             if cid not in self.held or node is None:
                 return False  # it re-prefills: nothing to wait for
             tokens += len(node.start_tokens) + len(node.output_tokens or ())
-        size = sched.block_size
-        held = 0 if st.spilled_frontier is not None else blocks_holding(
+        size = self.vllm.block_size
+        held = 0 if st.phase is Phase.SPILLED else blocks_holding(
             st.request.num_computed_tokens, size)
         need = blocks_holding(tokens, size) - held
-        return need > sched.kv_cache_manager.block_pool.get_num_free_blocks()
+        return need > self.vllm.num_free_blocks()
 
     def _suffix_tokens(self) -> int:
         if self._suffix_len is None:
-            codec = self.sched.admission.text_codec()
-            self._suffix_len = len(codec.encode(self.sched.hooks.merge_suffix or ""))
+            codec = self.text_codec()
+            self._suffix_len = len(codec.encode(self.hooks.merge_suffix or ""))
         return self._suffix_len
 
     def child_context_hit(self, request, found):
@@ -325,18 +339,18 @@ class Splicing:
         copies it on write for the child); with it off, the whole context
         is copied slot by slot from the parent's blocks into the child's
         before its first step."""
-        sched = self.sched
+        vllm = self.vllm
         blocks, hits, boundary, diverged = found
         self.pending.pop(request.request_id, None)  # from an admission that failed
-        node = sched.fork_join.tree.get(request.request_id)
+        node = self.fork_join.tree.get(request.request_id)
         parent_id = node.parent_id if node is not None else None
-        st = sched.fork_join.states.get(parent_id)
-        if st is None or not st.parked or st.spilled_frontier is not None:
+        st = self.fork_join.states.get(parent_id)
+        if st is None or st.phase not in (Phase.PARKING, Phase.PARKED):
             return found
         parent = st.request
         have = parent.num_computed_tokens
-        size = sched.block_size
-        if sched.kv_cache_manager.enable_caching:
+        size = vllm.block_size
+        if vllm.enable_caching:
             if have % size == 0 or hits != have - have % size:
                 return found
         elif not have:
@@ -344,10 +358,10 @@ class Splicing:
         if (request.num_tokens <= have
                 or request.all_token_ids[hits:have] != parent.all_token_ids[hits:have]):
             return found
-        sched.metrics.inc("splice_child_context_copied_tokens", have - hits)
-        if sched.kv_cache_manager.enable_caching:
+        self.metrics.inc("splice_child_context_copied_tokens", have - hits)
+        if vllm.enable_caching:
             blocks = vllm_private.hit_with_partial_block(
-                sched.kv_cache_manager, blocks, parent_id, have // size)
+                vllm.kv_cache_manager, blocks, parent_id, have // size)
         else:
             indices = list(range(have))
             self.pending[request.request_id] = _Copies(
@@ -383,7 +397,7 @@ class Splicing:
         step just scheduled (vLLM counted them computed already); tokens of
         spliced paths computed again are counted and traced."""
         shifts = {}
-        requests = self.sched.requests
+        requests = self.vllm.requests
         for rid, smap in self.maps.items():
             count = scheduled.get(rid)
             if count is None:
@@ -398,16 +412,16 @@ class Splicing:
         return shifts
 
     def _recomputed(self, rid: str, tokens: int) -> None:
-        node = self.sched.fork_join.tree.get(rid)
+        node = self.fork_join.tree.get(rid)
         if node is not None:
             node.splice_recomputed_tokens += tokens
-        self.sched.metrics.inc("splice_recomputed_tokens", tokens)
+        self.metrics.inc("splice_recomputed_tokens", tokens)
         logger.info("%s computes %d tokens of spliced paths again, with causal attention "
                     "(their KV blocks were gone from the prefix cache)", rid, tokens)
 
     def _slots(self, rid: str):
-        (blocks,) = self.sched.kv_cache_manager.get_block_ids(rid)
-        size = self.sched.block_size
+        blocks = self.vllm.block_ids(rid)
+        size = self.vllm.block_size
         return lambda index: blocks[index // size] * size + index % size
 
     def sizes(self) -> dict[str, int]:

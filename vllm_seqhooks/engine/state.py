@@ -38,8 +38,8 @@ class HookState:
     #: Where it is in its fork/join life; changed only by
     #: :class:`~vllm_seqhooks.engine.lifecycle.Lifecycle`'s transitions.
     phase: Phase = Phase.RUNNING
-    #: Set while its KV blocks are given back (spilled, or preempted at its
-    #: stop): the computed tokens it resumes from through the prefix cache.
+    #: Set while it is SPILLED (its KV blocks given back, or preempted at
+    #: its stop), by the lifecycle only: how far its KV had reached.
     spilled_frontier: int | None = None
     #: The join whose prefill is being counted, until the parent samples.
     accounting: JoinRecord | None = None
@@ -59,9 +59,6 @@ class HookState:
     charged_upto: int = 0
     #: A child of a tag format that stopped at its end tag.
     ended_by_tag: bool = False
-    #: A splice join's child that wrote its end tag: it computes the tag's
-    #: KV in one more step, whose sampled token is dropped.
-    draining: bool = False
     #: The fork a tag format's request is parked at: its tag's last token
     #: is held back from the client and replaced at the join
     #: (:mod:`vllm_seqhooks.formats.boundaries`).
@@ -94,6 +91,12 @@ class HookState:
     def parked(self) -> bool:
         """It waits for its children (parking or parked, spilled or not)."""
         return self.phase in WAITING_FOR_CHILDREN
+
+    @property
+    def draining(self) -> bool:
+        """A splice join's child that wrote its end tag: it computes the
+        tag's KV in one more step, whose sampled token is dropped."""
+        return self.phase is Phase.DRAINING
 
     @property
     def sampled(self) -> int:
@@ -209,6 +212,26 @@ class ForkJoinState:
             self.set_quiet(st, None)
         else:
             self.set_quiet(st, frozenset() if scanner is None else scanner.watched_ids())
+
+    def quiet_problems(self) -> list[str]:
+        """Where the quiet path's engine-wide indexes (``loud``,
+        ``stop_watch``, ``watched_ids``) disagree with the per-request
+        fields they index (``quiet_ids``, ``watch_stop``): the fields are
+        the source, the indexes are recounted from them (the surgical
+        harness checks at every step)."""
+        found = []
+        loud = {rid for rid, st in self.states.items() if st.quiet_ids is None}
+        if loud != self.loud:
+            found.append(f"loud {sorted(self.loud)} but quiet_ids None for {sorted(loud)}")
+        watching = {rid for rid, st in self.states.items() if st.watch_stop}
+        if watching != self.stop_watch:
+            found.append(f"stop_watch {sorted(self.stop_watch)} but watch_stop set for "
+                         f"{sorted(watching)}")
+        for rid, st in self.states.items():
+            if st.quiet_ids is not None and not st.quiet_ids <= self.watched_ids:
+                found.append(f"{rid} watches ids outside watched_ids: "
+                             f"{sorted(st.quiet_ids - self.watched_ids)}")
+        return found
 
     # ----------------------------------------------------------- removal
     def drop_state(self, rid: str) -> HookState | None:

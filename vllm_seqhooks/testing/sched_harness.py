@@ -101,7 +101,9 @@ def check_invariants(sched, scheduler_output=None) -> None:
       status ``WAITING_FOR_STREAMING_REQ``;
     * each request's phase (:mod:`vllm_seqhooks.engine.lifecycle`) is what
       vLLM's state, the request tree and the parked count say
-      (:func:`~vllm_seqhooks.engine.lifecycle.lifecycle_problems`);
+      (:func:`~vllm_seqhooks.engine.lifecycle.lifecycle_problems`), and the
+      quiet path's indexes are what the requests' fields say
+      (``ForkJoinState.quiet_problems``);
     * a request's token list starts with its prompt, and it never has more
       computed tokens than tokens (+ output placeholders, + the draft tokens
       ``scheduler_output`` scheduled for it, when given).
@@ -158,7 +160,8 @@ def check_invariants(sched, scheduler_output=None) -> None:
     if fork_join is not None and hasattr(sched, "hooks"):
         from vllm_seqhooks.engine.lifecycle import lifecycle_problems
 
-        problems += lifecycle_problems(sched)
+        problems += lifecycle_problems(sched.fork_join)
+        problems += sched.fork_join.quiet_problems()
     if problems:
         raise InvariantError("; ".join(problems))
 

@@ -15,7 +15,8 @@ implemented here too; they are listed, and installed, by
 platform run vLLM's Ray executor). The scheduler's side also has
 :mod:`.sessions` (parking through vLLM's streaming-input sessions, with the
 assumptions it relies on, checked here), :mod:`.scheduler_calls` (the other
-private ``Scheduler`` methods the engine's parts call) and
+private ``Scheduler`` methods the engine's parts call), :mod:`.scheduler_port`
+(the one object through which the parts read and act on vLLM's scheduler) and
 :mod:`.overrides` (the private ``Scheduler`` methods the hook scheduler
 overrides: why, what each relies on, when it can go). No module of the
 engine outside this package calls a private vLLM method or touches a
@@ -56,18 +57,13 @@ from vllm_seqhooks.engine.vllm_private.runner import (
     v2_splice_problems,
 )
 from vllm_seqhooks.engine.vllm_private.scheduler_calls import (
-    free_blocks_to_prefix_cache,
-    free_held_blocks,
-    preempt,
     stock_request_updates,
     vllm_request_update,
 )
+from vllm_seqhooks.engine.vllm_private.scheduler_port import SchedulerPort
 from vllm_seqhooks.engine.vllm_private.sessions import (
-    drop_worker_state,
     park_stopped,
     parked_not_waiting,
-    requeue,
-    resume_session,
     session_problems,
 )
 from vllm_seqhooks.engine.vllm_private.scheduler import (
@@ -95,9 +91,8 @@ __all__ = [
     "world_cpu_group",
     "share_block_hashes",
     "splice_problems", "v2_model_runner_problems", "v2_splice_problems",
-    "free_blocks_to_prefix_cache", "free_held_blocks", "preempt", "stock_request_updates",
-    "vllm_request_update",
-    "drop_worker_state", "park_stopped", "parked_not_waiting", "requeue", "resume_session", "session_problems",
+    "SchedulerPort", "stock_request_updates", "vllm_request_update",
+    "park_stopped", "parked_not_waiting", "session_problems",
 ]
 
 
