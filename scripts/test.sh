@@ -2,9 +2,12 @@
 # The whole test suite (the README's test command; .ci/run runs it after
 # scripts/setup.sh): vLLM 0.32.0's own scheduler tests against the hook
 # scheduler (scripts/upstream_conformance.sh; it downloads vLLM's source
-# distribution once, into ~/.cache), then the project's tests. Both always
-# run; the exit status is non-zero if either fails (pytest's 5, "no tests
-# collected", included). Extra arguments go to pytest.
+# distribution once, into ~/.cache), then the project's tests, then the vLLM
+# 0.33 part (scripts/test_vllm033.sh: 0.33's own scheduler tests, the tests
+# not marked slow and the end-to-end ones, in .venv033, which it builds the
+# first time with scripts/setup_vllm033.sh). All always run; the
+# exit status is non-zero if any fails (pytest's 5, "no tests collected",
+# included). Extra arguments go to pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -12,4 +15,18 @@ PY=${PYTHON:-.venv/bin/python}
 status=0
 PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
 "$PY" -m pytest tests "$@" || status=$?
+# vLLM 0.33 (scripts/test_vllm033.sh, in .venv033: scripts/setup_vllm033.sh);
+# SEQHOOKS_NO_VLLM033=1 leaves it out (said, not silent).
+if [ "${SEQHOOKS_NO_VLLM033:-}" = "1" ]; then
+  echo "test.sh: SEQHOOKS_NO_VLLM033=1: the vLLM 0.33 tests were NOT run" >&2
+else
+  # (built here the first time: about a minute, 4 GB; not by setup.sh, which
+  # users run to install)
+  if [ -x "${VENV033:-.venv033}/bin/python" ] || bash scripts/setup_vllm033.sh; then
+    bash scripts/test_vllm033.sh "$@" || status=$?
+  else
+    echo "test.sh: building the vLLM 0.33 test venv failed" >&2
+    status=1
+  fi
+fi
 exit "$status"

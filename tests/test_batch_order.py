@@ -194,6 +194,17 @@ class _FakeBatch:
         self._ids[i1], self._ids[i2] = self._ids[i2], self._ids[i1]
 
 
+def _set_up_as_a_worker() -> None:
+    """What vLLM does with the worker extension in each worker: it imports
+    it (which installs the hook on a release without extension hooks, 0.32)
+    and, on a release with them (0.33), calls ``init_worker_extension``."""
+    from vllm_seqhooks.engine.vllm_private.releases import installed
+    from vllm_seqhooks.engine.worker import SeqHooksWorkerExtension
+
+    if installed().calls_worker_extension_init:
+        SeqHooksWorkerExtension.init_worker_extension(None)
+
+
 class _FakeRunner:
     def __init__(self, additional_config, ids):
         from types import SimpleNamespace
@@ -211,7 +222,7 @@ class _FakeRunner:
     (None, False),
 ])
 def test_installed_model_runner_hook_groups_only_engines_that_ask(extra, grouped):
-    import vllm_seqhooks.engine.worker  # noqa: F401 - importing installs the hook
+    _set_up_as_a_worker()
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     assert getattr(GPUModelRunner._may_reorder_batch, "_seqhooks_family_order", False)
@@ -251,7 +262,7 @@ def test_v1_runner_regroups_only_when_a_request_entered_or_moved(monkeypatch):
     batch and none was moved moves nothing and reads no request id; a
     request that entered, or one the runner moved into a hole, is grouped
     with its family at the next reorder."""
-    import vllm_seqhooks.engine.worker  # noqa: F401 - importing installs the hook
+    _set_up_as_a_worker()
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     batch, add = _real_input_batch()
@@ -402,3 +413,27 @@ def test_v2_order_moves_only_the_requests_that_joined():
     running = [c, req(f"c{M}0", 3.0), a, b]
     keep_families_together(running, output(), False)
     assert [r.request_id for r in running] == ["a", "b", "c", f"c{M}0"]
+
+
+def test_the_worker_extension_installs_the_hook_where_vllm_sets_workers_up():
+    """In a fresh process: on a vLLM release that calls a worker
+    extension's ``init_worker_extension`` (0.33) that call installs the
+    family order, not the import; on one that does not (0.32), the import
+    does."""
+    import subprocess
+    import sys
+
+    script = (
+        "from vllm.v1.worker.gpu_model_runner import GPUModelRunner as R\n"
+        "from vllm_seqhooks.engine.worker import SeqHooksWorkerExtension as X\n"
+        "from vllm_seqhooks.engine.vllm_private.releases import installed\n"
+        "mark = lambda: getattr(R._may_reorder_batch, '_seqhooks_family_order', False)\n"
+        "after_import = mark()\n"
+        "X.init_worker_extension(None)\n"
+        "print(installed().calls_worker_extension_init, after_import, mark())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    hooks, after_import, after_init = done.stdout.split()[-3:]
+    assert after_init == "True"
+    assert after_import == ("False" if hooks == "True" else "True")

@@ -151,7 +151,7 @@ def test_vllms_fcfs_queue_methods_keep_the_count():
     vLLM's own methods (add, pop, prepend, remove) keep the count right."""
     from vllm_seqhooks.engine import vllm_private
 
-    assert vllm_private.scheduler_problems() == []
+    assert vllm_private.scheduler_problems(vllm_private.releases.installed()) == []
     queue = vllm_private.children_first_queue(lambda r: r.child)
     kids = [Req(f"c{i}", float(i), True) for i in range(3)]
     plain = [Req(f"n{i}", 10.0 + i, False) for i in range(2)]

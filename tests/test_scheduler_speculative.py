@@ -218,3 +218,41 @@ def test_child_budget_counts_only_tokens_before_the_closing_token(async_sched, k
     scripts = {"r": [P, 41, E, 42, 43, S, 44, EOS], child_id("r", 0): [60 + i for i in range(20)]}
     base, spec = check_against_k0(async_sched, k, requests, scripts)
     assert base.trace("r")["children"][0]["output_token_ids"] == [60 + i for i in range(9)]
+
+
+# ---------------------------------------------------------------------------
+# A stop in the middle of a step's tokens, with open children
+# ---------------------------------------------------------------------------
+@MODES
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_parent_stopped_inside_a_run_parks_with_its_kv_up_to_the_stop(async_sched, k):
+    """EOS in the middle of a step's accepted tokens, its child still open:
+    vLLM cuts the tokens after EOS and the parent parks (to finish after its
+    merge) with every token but EOS computed: what vLLM cut is taken back
+    once (vLLM 0.32 leaves it counted and the hooks take it back; 0.33 takes
+    it back itself, and the hooks must not again:
+    vllm_private.request_update_for_hooks)."""
+    cut_at_park = []
+    for lead in range(k + 1):  # every alignment of EOS in the runs
+        script = [30] * lead + [P, 41, E, 42, EOS, 50, 51, 52]
+        scripts = {"r": script, child_id("r", 0): [60] * 12 + [EOS]}
+        h = SchedHarness(async_sched, num_spec_tokens=k, block_size=BLOCK, num_blocks=96)
+        h.scripts.update(scripts)
+        parked = []
+
+        def at_park(hh, _outs):
+            st = hh.sched.fork_join.states.get("r")
+            if st is not None and st.parked and not parked:
+                req = st.request
+                parked.append((req.num_tokens, req.num_computed_tokens,
+                               req.num_output_placeholders))
+
+        h.after_update.append(at_park)
+        h.add("r", prompt(20), max_tokens=40)
+        h.run(max_steps=300)
+        ((num_tokens, computed, placeholders),) = parked
+        assert num_tokens == 20 + lead + 5  # through EOS: 50.. were cut
+        assert computed + placeholders == num_tokens - 1
+        assert h.tokens["r"] == script[: lead + 4] + [60] * 12 + [EOS]
+        cut_at_park.append(computed)
+    assert len(cut_at_park) == k + 1

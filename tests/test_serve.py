@@ -109,6 +109,27 @@ def test_streamed_chunks_add_up_to_the_final_text(client, tiny_model_dir, S):
     assert any("AAA\nBBBB" in c for c in chunks), chunks
 
 
+def test_a_streamed_completion_carries_its_trace_where_vllm_streams_it(client, tiny_model_dir,
+                                                                       S):
+    """vLLM 0.33 streams a completion's ``kv_transfer_params`` on its final
+    chunk: the hook trace reaches streaming clients there. vLLM 0.32 streams
+    no ``kv_transfer_params`` (the trace needs a non-streamed request)."""
+    from vllm_seqhooks.engine.vllm_private.releases import installed
+
+    stream = client.completions.create(model=tiny_model_dir, prompt="hello", max_tokens=60,
+                                       temperature=0, stream=True,
+                                       extra_body={"vllm_xargs": xargs(S, SCRIPT, CHILDREN)})
+    chunks = list(stream)
+    params = [c.model_extra.get("kv_transfer_params") for c in chunks]
+    traces = [p["seqhooks"] for p in params if p and "seqhooks" in p]
+    if not installed().streams_kv_transfer_params:
+        assert traces == []
+        return
+    (trace,) = traces
+    assert params[-1] is not None and "seqhooks" in params[-1]  # (the final chunk)
+    assert [c["output_token_ids"] for c in trace["children"]] == [S("AAA"), S("BBBB")]
+
+
 def test_chat_completion(client, tiny_model_dir, S):
     r = client.chat.completions.create(
         model=tiny_model_dir, messages=[{"role": "user", "content": "hi"}],

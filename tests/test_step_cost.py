@@ -281,6 +281,43 @@ def test_shared_block_hashes_equal_vllms_own(child_prompt):
     assert child.block_hashes == [] and child._block_hasher is None
 
 
+@pytest.mark.parametrize("shared", [36, 37, 38, 40])
+def test_shared_block_hashes_with_lookahead_equal_vllms_own(shared):
+    """With look-ahead block hashes (vLLM 0.33, EAGLE with prefix caching:
+    a block's hash also covers the tokens after it), a child shares a
+    block's hash only when it shares those tokens too."""
+    import inspect
+
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    from vllm_seqhooks.engine.vllm_private import share_block_hashes
+    from vllm_seqhooks.testing.sched_setup import block_hasher
+
+    if "num_hash_lookahead_tokens" not in inspect.signature(get_request_block_hasher).parameters:
+        pytest.skip("this vLLM release hashes no look-ahead tokens")
+    block_hasher(4)  # (vLLM's hash seed initialized)
+    lookahead = get_request_block_hasher(4, sha256, num_hash_lookahead_tokens=2)
+
+    def request(rid, tokens, hasher):
+        return Request(request_id=rid, prompt_token_ids=list(tokens),
+                       sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
+                       arrival_time=0.0, block_hasher=hasher)
+
+    parent = request("p", range(10, 50), lookahead)
+    child_prompt = list(range(10, 10 + shared)) + [7, 8, 9, 6, 5]
+    child = request("c", child_prompt, None)
+    share_block_hashes(child, parent, 4, shared, lookahead=2)
+    assert child.block_hashes == request("fresh", child_prompt, lookahead).block_hashes
+    if shared // 4 > (shared - 2) // 4 and len(parent.block_hashes) > (shared - 2) // 4:
+        # (a parent block ends within the 2 tokens before the fork)
+        wrong = request("w", child_prompt, None)
+        share_block_hashes(wrong, parent, 4, shared)  # (as if there were no look-ahead)
+        assert wrong.block_hashes != child.block_hashes
+
+
 def test_request_hooks_are_reused_per_settings_and_bounded():
     """A request's hooks are worked out once per (depth, per-request
     settings) and reused (a family's children ask with the same ones); the

@@ -203,14 +203,21 @@ def test_every_private_override_is_in_the_table():
 
 def test_session_assumptions_are_checked(monkeypatch):
     """Parking's use of vLLM's session path (vllm_private/sessions.py):
-    what it relies on holds on the pinned vLLM, and a vLLM that queues a
-    kept request elsewhere (as 0.33 does) is reported by name."""
+    what it relies on holds on the installed vLLM, as its release is
+    expected to have it; a release checked against the other one's
+    expectations is reported by name (each difference is told apart)."""
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import RequestStatus
 
     from vllm_seqhooks.engine import vllm_private
+    from vllm_seqhooks.engine.vllm_private.releases import RELEASES, installed
 
-    assert vllm_private.session_problems() == []
+    release = installed()
+    assert vllm_private.session_problems(release) == []
+    other = next(r for r in RELEASES.values() if r.version != release.version)
+    found = vllm_private.session_problems(other)
+    assert any("_update_request_as_session no longer cuts" in p for p in found)
+    assert any("queue" in p and "kept" in p for p in found)
 
     def handle_stopped_elsewhere(self, request):
         if not request.resumable:
@@ -220,6 +227,66 @@ def test_session_assumptions_are_checked(monkeypatch):
         return False
 
     monkeypatch.setattr(Scheduler, "_handle_stopped_request", handle_stopped_elsewhere)
-    found = vllm_private.session_problems()
-    assert found == ["Scheduler._handle_stopped_request no longer queues the kept request itself"]
-    assert any("queues the kept request" in p for p in vllm_private.problems())
+    if not release.kept_requests_queued_after_loop:  # (0.33's already does not queue)
+        found = vllm_private.session_problems(release)
+        assert found == [
+            "Scheduler._handle_stopped_request no longer queues the kept request itself"]
+        assert any("queues the kept request" in p for p in vllm_private.problems())
+
+
+def test_only_the_supported_vllm_releases_start(monkeypatch):
+    """A vLLM that is not a supported release is refused at start-up,
+    naming the releases that are."""
+    from vllm_seqhooks.engine import vllm_private
+    from vllm_seqhooks.engine.vllm_private import releases
+
+    assert releases.SUPPORTED_VERSIONS == ("0.32.0", "0.33.0")
+    assert releases.installed().version == releases.installed_version()
+    monkeypatch.setattr(vllm_private, "installed_version", lambda: "0.34.0")
+    assert vllm_private.problems() == [
+        "vLLM 0.34.0 is installed; vllm-seqhooks supports vLLM 0.32.0 and 0.33.0 "
+        "(the releases it was tested on)"]
+    monkeypatch.setattr(vllm_private, "_checked", False)
+    with pytest.raises(vllm_private.VllmPrivateAPIError, match="supports vLLM 0.32.0 and 0.33.0"):
+        vllm_private.check()
+
+@pytest.mark.parametrize("uncomputed", [1, 3, 0])
+def test_a_resumed_session_keeps_exactly_its_computed_tokens(uncomputed):
+    """``sessions.resume_session`` (a join's resume): the request keeps its
+    first ``num_computed_tokens`` tokens and then the update's, on every
+    supported release (0.32 cuts there itself; 0.33 keeps up to the last
+    token and asserts that is not below the computed ones, so the port cuts
+    first): the last sampled token uncomputed (1), a parent whose KV ends
+    earlier (3: tokens cut after a stop, or spilled), and one whose every
+    token was computed (0)."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request, RequestStatus, StreamingUpdate
+
+    from vllm_seqhooks.engine.vllm_private.sessions import resume_session
+    from vllm_seqhooks.testing.sched_setup import block_hasher
+
+    req = Request(request_id="r", prompt_token_ids=list(range(10, 20)),
+                  sampling_params=SamplingParams(max_tokens=20), pooling_params=None,
+                  arrival_time=0.0, block_hasher=block_hasher(4))
+    for t in range(30, 36):
+        req.append_output_token_ids(t)
+    req.num_computed_tokens = req.num_tokens - uncomputed
+    req.status = RequestStatus.WAITING_FOR_STREAMING_REQ
+    kept = list(req.all_token_ids[: req.num_computed_tokens])
+    sched = SimpleNamespace(hash_block_size=4, num_waiting_for_streaming_input=1,
+                            log_stats=False)
+    sched._update_request_as_session = partial(Scheduler._update_request_as_session, sched)
+    update = StreamingUpdate(mm_features=None, prompt_token_ids=[90, 91], max_tokens=5,
+                             arrival_time=1.0, sampling_params=SamplingParams(max_tokens=5))
+    resume_session(sched, req, update)
+    assert list(req.all_token_ids) == kept + [90, 91]
+    assert list(req.prompt_token_ids) == kept + [90, 91]
+    assert req.num_output_tokens == 0 and req.status == RequestStatus.WAITING
+    fresh = Request(request_id="f", prompt_token_ids=kept + [90, 91],
+                    sampling_params=SamplingParams(max_tokens=5), pooling_params=None,
+                    arrival_time=0.0, block_hasher=block_hasher(4))
+    assert req.block_hashes == fresh.block_hashes

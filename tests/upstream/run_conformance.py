@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Upstream conformance: vLLM 0.32.0's own scheduler tests, stock vs. hooks.
+"""Upstream conformance: vLLM's own scheduler tests, stock vs. hooks.
 
 Usage (from the repository root; see docs/conformance.md):
 
     bash scripts/upstream_conformance.sh            # or
     .venv/bin/python tests/upstream/run_conformance.py [options] [test paths]
 
-1. Fetches vLLM's sdist (``vllm-0.32.0.tar.gz``, which ships upstream's test
+Runs the test suite of the installed vLLM's release (``--vllm-version`` picks
+another); ``RELEASES`` lists the releases it knows (0.32.0, 0.33.0), each with
+its sdist, sha256 and test selection.
+
+1. Fetches vLLM's sdist (``vllm-VERSION.tar.gz``, which ships upstream's test
    suite) from the package index pip is configured with, checks its sha256 and
    caches it in a directory outside the repository (upstream code is never
    copied into this repository).
@@ -46,23 +50,34 @@ import urllib.parse
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Any
-
-VLLM_VERSION = "0.32.0"
-SDIST_NAME = f"vllm-{VLLM_VERSION}.tar.gz"
-#: sha256 of vllm-0.32.0.tar.gz as published on PyPI.
-SDIST_SHA256 = "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"
-SDIST_TOP = f"vllm-{VLLM_VERSION}"
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PLUGIN = "seqhooks_conformance_plugin"
 HF_CONFIGS = HERE / "hf_configs"
 
-#: Upstream test files run in both modes (paths inside the sdist). All of them
-#: build schedulers, KV cache managers or the connectors' scheduler side and
-#: run offline on CPU; docs/conformance.md lists what fails in both and why.
-SELECTION: list[str] = [
+
+class Release(NamedTuple):
+    """One vLLM release whose test suite this check runs. (A NamedTuple, not
+    a dataclass: tests load this file without registering it as a module.)"""
+
+    version: str
+    #: The sdist's file name on the package index (it ships ``tests/``).
+    sdist: str
+    #: Its sha256 as published on the package index (checked on download).
+    sha256: str
+    #: The sdist's top directory.
+    top: str
+    #: Upstream test files run in both modes (paths inside the sdist). All of
+    #: them build schedulers, KV cache managers or the connectors' scheduler
+    #: side and run offline on CPU; docs/conformance.md lists what fails in
+    #: both and why, and what is not selected.
+    selection: tuple[str, ...]
+
+
+#: 0.32.0's selection.
+_SELECTION_0_32: tuple[str, ...] = (
     # the scheduler itself
     "tests/v1/core/test_scheduler.py",
     "tests/v1/core/test_async_scheduler.py",
@@ -103,7 +118,46 @@ SELECTION: list[str] = [
     "tests/v1/kv_connector/unit/offloading_connector/test_scheduler.py",
     "tests/v1/simple_kv_offload/test_scheduler.py",
     "tests/v1/ec_connector/unit/test_ec_transfer_params.py",
-]
+)
+
+#: 0.33.0 renames and removes none of these files. The scheduler-related test
+#: files it adds are not selected (docs/conformance.md, "Not selected"): the
+#: UMBP connector tests (ROCm with the ``mori`` package only; they build the
+#: connector's own scheduler side, not vLLM's scheduler),
+#: ``v1/e2e/general/test_hisparse.py`` (an engine with weights),
+#: ``v1/core/test_kv_cache_planning.py`` / ``test_kv_cache_config_builder.py``
+#: (KV cache sizing split out of ``test_kv_cache_utils.py``, which is not
+#: selected either: they build no scheduler), and
+#: ``v1/kv_offload/cpu/test_capacity.py`` (offload capacity arithmetic).
+_SELECTION_0_33: tuple[str, ...] = _SELECTION_0_32
+
+#: The releases this check knows, oldest first: version -> sdist, its sha256
+#: as published on the package index, top directory, and test selection.
+RELEASES: dict[str, Release] = {
+    r.version: r
+    for r in (
+        Release(
+            version="0.32.0",
+            sdist="vllm-0.32.0.tar.gz",
+            sha256="d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad",
+            top="vllm-0.32.0",
+            selection=_SELECTION_0_32,
+        ),
+        Release(
+            version="0.33.0",
+            sdist="vllm-0.33.0.tar.gz",
+            sha256="f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
+            top="vllm-0.33.0",
+            selection=_SELECTION_0_33,
+        ),
+    )
+}
+
+#: The oldest release: the default of the lookup helpers below when called
+#: without a release (tests/test_upstream_conformance_wiring.py uses these).
+_DEFAULT = next(iter(RELEASES.values()))
+SDIST_NAME = _DEFAULT.sdist
+SDIST_SHA256 = _DEFAULT.sha256
 
 EXIT_OK, EXIT_DIFF, EXIT_RUN, EXIT_DOWNLOAD = 0, 1, 2, 3
 
@@ -178,8 +232,11 @@ def _open(url: str, cafile: str | None, accept: str | None = None, timeout: floa
     return urllib.request.urlopen(req, timeout=timeout, context=ctx)
 
 
-def find_sdist(index: str, cafile: str | None) -> tuple[str, str | None]:
-    """(url, sha256 or None) of the sdist on one simple index."""
+def find_sdist(index: str, cafile: str | None,
+               release: Release | None = None) -> tuple[str, str | None]:
+    """(url, sha256 or None) of a release's sdist (default: the oldest one
+    in ``RELEASES``) on one simple index."""
+    name = (release or _DEFAULT).sdist
     page = index.rstrip("/") + "/vllm/"
     if page.startswith("file:"):
         path = urllib.request.url2pathname(urllib.parse.urlparse(page).path)
@@ -193,42 +250,43 @@ def find_sdist(index: str, cafile: str | None) -> tuple[str, str | None]:
         base = resp.geturl()
     if "json" in ctype:
         for f in json.loads(body).get("files", []):
-            if f.get("filename") == SDIST_NAME:
+            if f.get("filename") == name:
                 return urllib.parse.urljoin(base, f["url"]), f.get("hashes", {}).get("sha256")
     else:
         for href in re.findall(r"""<a\s[^>]*href\s*=\s*["']([^"']+)["']""", body, re.I):
             href = html.unescape(href)
             url = urllib.parse.urljoin(base, href)
             path, _, frag = url.partition("#")
-            if urllib.parse.unquote(path.rsplit("/", 1)[-1]) == SDIST_NAME:
+            if urllib.parse.unquote(path.rsplit("/", 1)[-1]) == name:
                 m = re.search(r"sha256=([0-9a-f]{64})", frag)
                 return path, m.group(1) if m else None
-    raise DownloadError(f"{page} does not list {SDIST_NAME}")
+    raise DownloadError(f"{page} does not list {name}")
 
 
-def fetch_sdist(cache: Path, python: str, local: str | None) -> Path:
-    dest = cache / "sdist" / SDIST_NAME
+def fetch_sdist(cache: Path, python: str, local: str | None, release: Release) -> Path:
+    name, sha = release.sdist, release.sha256
+    dest = cache / "sdist" / name
     if local:
         src = Path(local)
         if not src.is_file():
             raise DownloadError(f"--sdist {src}: no such file")
-        if _sha256(src) != SDIST_SHA256:
-            raise DownloadError(f"--sdist {src}: sha256 is not that of {SDIST_NAME}")
+        if _sha256(src) != sha:
+            raise DownloadError(f"--sdist {src}: sha256 is not that of {name}")
         return src
-    if dest.is_file() and _sha256(dest) == SDIST_SHA256:
+    if dest.is_file() and _sha256(dest) == sha:
         log(f"sdist: cached {dest}")
         return dest
     urls, cafile = index_urls(python)
     errors: list[str] = []
     for index in urls:
         try:
-            url, listed_sha = find_sdist(index, cafile)
+            url, listed_sha = find_sdist(index, cafile, release)
         except (DownloadError, urllib.error.URLError, OSError, ValueError) as e:
             errors.append(f"{index}: {e}")
             continue
-        if listed_sha and listed_sha != SDIST_SHA256:
-            errors.append(f"{index}: lists {SDIST_NAME} with sha256 {listed_sha}, "
-                          f"expected {SDIST_SHA256}")
+        if listed_sha and listed_sha != sha:
+            errors.append(f"{index}: lists {name} with sha256 {listed_sha}, "
+                          f"expected {sha}")
             continue
         log(f"sdist: downloading {url}")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -244,9 +302,9 @@ def fetch_sdist(cache: Path, python: str, local: str | None) -> Path:
             errors.append(f"{url}: {e}")
             part.unlink(missing_ok=True)
             continue
-        if h.hexdigest() != SDIST_SHA256:
+        if h.hexdigest() != sha:
             part.unlink(missing_ok=True)
-            errors.append(f"{url}: sha256 {h.hexdigest()} != {SDIST_SHA256}")
+            errors.append(f"{url}: sha256 {h.hexdigest()} != {sha}")
             continue
         os.replace(part, dest)
         log(f"sdist: {dest.stat().st_size / 1e6:.1f} MB in {time.time() - t0:.1f} s")
@@ -262,25 +320,26 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def extract(sdist: Path, cache: Path) -> Path:
+def extract(sdist: Path, cache: Path, release: Release) -> Path:
     """Extract ``tests/`` and ``pyproject.toml`` (not the ``vllm`` package:
     the tests must import the installed vLLM) into the cache."""
     root = cache / "src"
-    dest = root / SDIST_TOP
-    marker = root / f".extracted-{SDIST_SHA256[:16]}"
+    top = release.top
+    dest = root / top
+    marker = root / f".extracted-{release.sha256[:16]}"
     if marker.is_file() and (dest / "tests" / "v1").is_dir():
         return dest
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     tmp = Path(tempfile.mkdtemp(dir=root))
-    prefix = f"{SDIST_TOP}/tests/"
+    prefix = f"{top}/tests/"
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers()
-                   if m.name.startswith(prefix) or m.name == f"{SDIST_TOP}/pyproject.toml"]
+                   if m.name.startswith(prefix) or m.name == f"{top}/pyproject.toml"]
         tar.extractall(tmp, members=members, filter="data")
-    os.replace(tmp / SDIST_TOP, dest)
+    os.replace(tmp / top, dest)
     tmp.rmdir()
-    marker.write_text(SDIST_SHA256 + "\n")
+    marker.write_text(release.sha256 + "\n")
     log(f"extracted {len(members)} files to {dest}")
     return dest
 
@@ -499,26 +558,56 @@ def _outside_repo_or_ignored(path: Path) -> bool:
     return res.returncode == 0
 
 
-def default_cache() -> Path:
+def default_cache(version: str) -> Path:
     env = os.environ.get("SEQHOOKS_UPSTREAM_CACHE")
     if env:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "vllm-seqhooks" / f"upstream-conformance-{VLLM_VERSION}"
+    return Path(base) / "vllm-seqhooks" / f"upstream-conformance-{version}"
+
+
+def installed_vllm_version(python: str) -> str | None:
+    """The release of the vLLM that ``python`` imports, without its local
+    label (``0.32.0+cpu`` -> ``0.32.0``); None when it has none."""
+    code = 'import importlib.metadata as m; print(m.version("vllm"))'
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                             timeout=120, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.partition("+")[0] or None
+
+
+def choose_release(requested: str | None, installed: str | None) -> Release:
+    """The release whose tests run: ``--vllm-version`` if given, else the
+    installed one. Raises ValueError when it is not in ``RELEASES``."""
+    version = requested or installed
+    if version is None:
+        raise ValueError("cannot read the installed vLLM's version (is vLLM "
+                         "installed in --python?); pass --vllm-version")
+    version = version.partition("+")[0]
+    if version not in RELEASES:
+        raise ValueError(f"vLLM {version} is not one of the releases this check "
+                         f"knows ({', '.join(RELEASES)}); add it to RELEASES in "
+                         "tests/upstream/run_conformance.py")
+    return RELEASES[version]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="*",
                     help="upstream test paths/ids to run instead of the default selection")
+    ap.add_argument("--vllm-version", default=None, choices=list(RELEASES),
+                    help="the release whose tests run (default: that of the vLLM "
+                         "installed in --python)")
     ap.add_argument("--cache-dir", type=Path, default=None,
                     help="cache directory (default: $SEQHOOKS_UPSTREAM_CACHE or "
-                         "~/.cache/vllm-seqhooks/upstream-conformance-0.32.0); "
+                         "~/.cache/vllm-seqhooks/upstream-conformance-VERSION); "
                          "must be outside the repository or git-ignored")
     ap.add_argument("--python", default=sys.executable,
                     help="interpreter with vLLM and vllm_seqhooks (default: this one)")
     ap.add_argument("--sdist", default=os.environ.get("SEQHOOKS_VLLM_SDIST"),
-                    help="use this vllm-0.32.0.tar.gz instead of downloading it "
+                    help="use this vllm-VERSION.tar.gz instead of downloading it "
                          "(also $SEQHOOKS_VLLM_SDIST)")
     ap.add_argument("-k", default=None, help="pytest -k expression for both runs")
     ap.add_argument("--jobs", type=int, choices=(1, 2),
@@ -538,32 +627,42 @@ def main(argv: list[str] | None = None) -> int:
         args.python = os.path.abspath(args.python)
 
     t_start = time.time()
-    cache = (args.cache_dir or default_cache()).resolve()
+    installed = installed_vllm_version(args.python)
+    try:
+        release = choose_release(args.vllm_version, installed)
+    except ValueError as e:
+        log(f"ERROR: {e}")
+        return EXIT_RUN
+    if installed != release.version:
+        log(f"WARNING: running vLLM {release.version}'s tests against the installed "
+            f"vLLM {installed or '(unknown)'}: the tests import the installed one")
+    cache = (args.cache_dir or default_cache(release.version)).resolve()
     cache.mkdir(parents=True, exist_ok=True)
     if not _outside_repo_or_ignored(cache):
         log(f"ERROR: cache directory {cache} is inside the repository and not "
             "git-ignored: upstream code must never be committed here. Use a "
             "directory outside the repository (or e.g. .cache/, which is ignored).")
         return EXIT_RUN
-    log(f"vLLM {VLLM_VERSION} upstream scheduler tests: stock vs vllm_seqhooks")
+    log(f"vLLM {release.version} upstream scheduler tests: stock vs vllm_seqhooks "
+        f"(python: {args.python})")
     log(f"cache: {cache}")
     try:
-        sdist = fetch_sdist(cache, args.python, args.sdist)
+        sdist = fetch_sdist(cache, args.python, args.sdist, release)
     except DownloadError as e:
         log("ERROR: could not download vLLM's source distribution "
-            f"{SDIST_NAME} (it holds the upstream test suite) from the package "
+            f"{release.sdist} (it holds the upstream test suite) from the package "
             "index pip is configured with.")
         log(f"  {e}")
         log("  Give this machine access to the index, or pass --sdist PATH "
             "(or SEQHOOKS_VLLM_SDIST=PATH) with a copy of the file.")
         log("FAILED: the upstream conformance check did NOT run.")
         return EXIT_DOWNLOAD
-    src = extract(sdist, cache)
+    src = extract(sdist, cache, release)
     hf_home = write_hf_cache(cache)
     results = cache / "results"
     results.mkdir(exist_ok=True)
     (results / "summary.json").unlink(missing_ok=True)
-    paths = args.paths or SELECTION
+    paths = args.paths or list(release.selection)
     missing = [p for p in paths if not (src / p.split("::")[0]).exists()]
     if missing:
         log(f"ERROR: not in the sdist: {', '.join(missing)}")
@@ -593,7 +692,8 @@ def main(argv: list[str] | None = None) -> int:
     cs, ch = _counts(stock), _counts(hooks)
     wall = time.time() - t_start
     summary = {
-        "vllm_version": VLLM_VERSION,
+        "vllm_version": release.version,
+        "vllm_installed": installed,
         "sdist": str(sdist),
         "source": str(src),
         "selection": paths,

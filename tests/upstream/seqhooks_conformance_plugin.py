@@ -1,10 +1,11 @@
 """pytest plugin for the upstream conformance check (docs/conformance.md).
 
-``tests/upstream/run_conformance.py`` runs vLLM 0.32.0's own scheduler tests
-(from the sdist, extracted into a cache outside this repository) twice, in a
-pytest session rooted in the extracted sources, with this plugin loaded as
-``-p seqhooks_conformance_plugin`` (its directory on ``PYTHONPATH``; the module
-name is deliberately not under ``tests.``, which is upstream's package there):
+``tests/upstream/run_conformance.py`` runs vLLM's own scheduler tests (0.32.0
+or 0.33.0, from the installed release's sdist, extracted into a cache outside
+this repository) twice, in a pytest session rooted in the extracted sources,
+with this plugin loaded as ``-p seqhooks_conformance_plugin`` (its directory
+on ``PYTHONPATH``; the module name is deliberately not under ``tests.``, which
+is upstream's package there):
 
 ``--seqhooks-mode=stock``
     vLLM's classes untouched; the plugin only records outcomes and counts the

@@ -15,9 +15,10 @@ from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.engine.family_limits import FamilyLimits
 from vllm_seqhooks.engine.parking import Parking
 from vllm_seqhooks.engine.spawning import Spawning
-from vllm_seqhooks.engine.speculative import Speculative, count_as_rejected
+from vllm_seqhooks.engine.speculative import Speculative
 from vllm_seqhooks.engine.splicing import Splicing
 from vllm_seqhooks.engine.state import ForkJoinState, HookState
+from vllm_seqhooks.engine.vllm_private.scheduler_calls import count_as_rejected
 from vllm_seqhooks.formats.events import (
     EndTagReached,
     ForkReached,
@@ -50,12 +51,12 @@ class Sampling:
         """A quiet step of a request whose stop parks it or closes its
         payload: vLLM's own work, then, if it stopped, the hooks'."""
         request = st.request
-        start, offered = request.num_tokens, len(new_token_ids)
+        start = request.num_tokens
         was_preempted = request.status == RequestStatus.PREEMPTED
         kept, stopped = self.vllm_update(request, new_token_ids, is_stale)
         if not stopped:
             return kept, stopped
-        kept, stopped = self.after_append(st, kept, stopped, start, offered, was_preempted,
+        kept, stopped = self.after_append(st, kept, stopped, start, 0, was_preempted,
                                           False, is_stale)
         self.fork_join.refresh_quiet(st)
         return kept, stopped
@@ -75,18 +76,21 @@ class Sampling:
             self.speculative.cut_after_parking_tag(st, new_token_ids, is_stale)
         offered = len(new_token_ids)
         over_budget = self.family_limits.trim_to_budget(st, new_token_ids)
+        trimmed = offered - len(new_token_ids)
         start = request.num_tokens
         was_preempted = request.status == RequestStatus.PREEMPTED
-        # 2. vLLM appends them and checks its own stops.
+        # 2. vLLM appends them and checks its own stops (what it cut after a
+        #    stop is not counted computed: vllm_private.request_update_for_hooks).
         new_token_ids, stopped = self.vllm_update(request, new_token_ids, is_stale)
-        return self.after_append(st, new_token_ids, stopped, start, offered, was_preempted,
+        return self.after_append(st, new_token_ids, stopped, start, trimmed, was_preempted,
                                  over_budget, is_stale)
 
     def after_append(self, st: HookState, new_token_ids: list[int], stopped: bool,
-                     start: int, offered: int, was_preempted: bool, over_budget: bool,
+                     start: int, trimmed: int, was_preempted: bool, over_budget: bool,
                      is_stale: bool) -> tuple[list[int], bool]:
-        """After vLLM appended what a request kept of the ``offered`` tokens
-        (the first at ``start``): charge, scan, apply."""
+        """After vLLM appended what a request kept (the first at ``start``;
+        ``trimmed``: the tokens its family's budget cut before): charge,
+        scan, apply."""
         request = st.request
         self.family_limits.charge(st, len(new_token_ids))
         if not stopped and (over_budget or self.family_limits.stops_member(st)):
@@ -96,16 +100,16 @@ class Sampling:
             # Nothing kept (its family's budget): it may stop with open children.
             if stopped and st.scanner is not None and self.fork_join.tree.has_open_children(
                     request.request_id):
-                if offered and not is_stale:
-                    count_as_rejected(request, offered)
+                if trimmed and not is_stale:
+                    count_as_rejected(request, trimmed)
                 self.parking.park(st, stopped_by_finish=True)
             return new_token_ids, stopped
-        if stopped and len(new_token_ids) < offered and not is_stale:
-            # vLLM stopped at a token before the last (speculative decoding).
-            # A finished request never computes again, but one that parks for
-            # its children resumes from its frontier: count the tokens vLLM
-            # cut as rejected drafts.
-            count_as_rejected(request, offered - len(new_token_ids))
+        if stopped and trimmed and not is_stale:
+            # Its family's budget cut tokens it sampled (speculative
+            # decoding). A finished request never computes again, but one
+            # that parks for its children resumes from its frontier: count
+            # them as rejected drafts.
+            count_as_rejected(request, trimmed)
         st.preempted_at_stop = was_preempted
         if st.accounting is not None:
             self.fork_join.accounting.pop(request.request_id, None)

@@ -125,8 +125,9 @@ class SeqHooksMixin:
         """The parts: each receives what it reads and the parts it calls;
         vLLM's scheduler only through the port (``vllm_private.SchedulerPort``)."""
         fj, hooks, metrics = self.fork_join, self.hooks, self.metrics
-        vllm = vllm_private.SchedulerPort(self, finish=super().finish_requests,
-                                          update_request=self._vllm_update_request)
+        vllm = vllm_private.SchedulerPort(
+            self, finish=super().finish_requests,
+            update_request=vllm_private.request_update_for_hooks(super()))
         self.family_limits = FamilyLimits(fj, hooks, metrics, spmd=spmd_engine(vllm_config))
         self.admission = Admission(fj, hooks, self.family_limits, vllm_config.model_config)
         text_codec = self.admission.text_codec
@@ -198,12 +199,13 @@ class SeqHooksMixin:
                 self.joins.child_ended(req, outcome, reason)
         return finished
 
-    def _get_local_prefix_cache_hit(self, request: Request):
+    def _get_local_prefix_cache_hit(self, request: Request, *limit: Any):
+        # (``limit``: vLLM 0.33's max_cache_hit_length, vllm_private.releases)
         if not isinstance(self, SeqHooksMixin):  # vLLM's tests call it on a stand-in
-            return Scheduler._get_local_prefix_cache_hit(self, request)
-        found = super()._get_local_prefix_cache_hit(request)
+            return Scheduler._get_local_prefix_cache_hit(self, request, *limit)
+        found = super()._get_local_prefix_cache_hit(request, *limit)
         if self.splicing.enabled and request.request_id in self.fork_join.children:
-            return self.splicing.child_context_hit(request, found)
+            return self.splicing.child_context_hit(request, found, *limit)
         return found
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any):
@@ -330,6 +332,9 @@ class SeqHooksMixin:
         if fj.idle:
             return outputs
         parked_now = fj.lifecycle.take_parked_this_step()
+        if parked_now:
+            vllm_private.unqueue_parked(self, [fj.states[rid].request for rid in parked_now
+                                               if rid in fj.states])
         if self.logprobs_seen and fj.children:
             self.logprob_rows.keep_children(outputs, fj)
         self.step_outputs.filter_outputs(outputs, parked_now)

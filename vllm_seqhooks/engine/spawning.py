@@ -209,7 +209,7 @@ class Spawning:
             block_hasher=None,  # the parent's, and its hashes (next line)
         )
         vllm_private.share_block_hashes(child, parent, self.vllm.hash_block_size,
-                                        node.context_tokens)
+                                        node.context_tokens, self.vllm.hash_lookahead)
         fj.children[child_id] = child
         self.splicing.inherit(parent.request_id, child_id)
         self.add_request(child)

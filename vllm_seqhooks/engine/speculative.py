@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from vllm.v1.request import Request
 
 from vllm_seqhooks.engine.state import ForkJoinState, HookState
+from vllm_seqhooks.engine.vllm_private.scheduler_calls import count_as_rejected
 from vllm_seqhooks.formats.events import EndTagReached, ForkReached, PayloadClosed, SyncReached
 
 if TYPE_CHECKING:
@@ -17,15 +18,6 @@ if TYPE_CHECKING:
 
 # Under vLLM's "vllm" logger: same handlers, format and VLLM_LOGGING_LEVEL.
 logger = logging.getLogger("vllm.seqhooks.scheduler")
-
-
-def count_as_rejected(request: Request, num_tokens: int) -> None:
-    """Roll back the bookkeeping of ``num_tokens`` sampled tokens that will
-    not be kept, as vLLM's ``update_from_output`` does for rejected drafts."""
-    if request.num_computed_tokens > 0:
-        request.num_computed_tokens -= num_tokens
-    if request.num_output_placeholders > 0:
-        request.num_output_placeholders -= num_tokens
 
 
 class Speculative:

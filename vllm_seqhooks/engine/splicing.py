@@ -298,7 +298,8 @@ class Splicing:
         if adopted is not None:
             donor, tokens = adopted
             vllm_private.adopt_block_hashes(request, self.held[donor], tokens,
-                                            self.vllm.hash_block_size)
+                                            self.vllm.hash_block_size,
+                                            self.vllm.hash_lookahead)
 
     def waits_for_blocks(self, rid: str) -> bool:
         """Whether a parent whose children have all ended waits a step
@@ -329,7 +330,7 @@ class Splicing:
             self._suffix_len = len(codec.encode(self.hooks.merge_suffix or ""))
         return self._suffix_len
 
-    def child_context_hit(self, request, found):
+    def child_context_hit(self, request, found, max_hit: int | None = None):
         """A child's prefix-cache hit (``_get_local_prefix_cache_hit``'s
         answer), extended to its parked parent's computed tokens, so that
         the child computes only its own (the fork tag's last and its
@@ -338,7 +339,8 @@ class Splicing:
         parent's last, partly filled block, that block ends the hit (vLLM
         copies it on write for the child); with it off, the whole context
         is copied slot by slot from the parent's blocks into the child's
-        before its first step."""
+        before its first step. ``max_hit``: a cap vLLM put on the hit (vLLM
+        0.33's ``max_cache_hit_length``): no longer hit past it."""
         vllm = self.vllm
         blocks, hits, boundary, diverged = found
         self.pending.pop(request.request_id, None)  # from an admission that failed
@@ -349,6 +351,8 @@ class Splicing:
             return found
         parent = st.request
         have = parent.num_computed_tokens
+        if max_hit is not None and have > max_hit:
+            return found
         size = vllm.block_size
         if vllm.enable_caching:
             if have % size == 0 or hits != have - have % size:

@@ -2,8 +2,9 @@
 
 vLLM's scheduler and model-runner internals are not a public interface.
 The engine package uses the names this package lists; :func:`check`
-verifies, at import time, that the installed vLLM is the pinned release and
-still has each of them with the expected signature, so that a vLLM upgrade
+verifies, at import time, that the installed vLLM is a supported release
+(:mod:`.releases`, where each difference between releases is named) and
+has each of them with the signature that release is expected to have, so that a vLLM upgrade
 fails loudly at start-up (and in ``tests/test_vllm_private.py``) instead of
 misbehaving at run time. The patches that wrap private methods are
 implemented here too; they are listed, and installed, by
@@ -25,9 +26,12 @@ private attribute of a vLLM object (``tests/test_vllm_private.py``).
 
 from __future__ import annotations
 
-from vllm_seqhooks.engine.vllm_private.common import (
-    PINNED_VLLM_VERSION,
-    VllmPrivateAPIError,
+from vllm_seqhooks.engine.vllm_private.common import VllmPrivateAPIError
+from vllm_seqhooks.engine.vllm_private.releases import (
+    RELEASES,
+    SUPPORTED_VERSIONS,
+    Release,
+    installed_version,
 )
 from vllm_seqhooks.engine.vllm_private.cpu_seeds import cpu_seed_problems, install_cpu_seed_fix
 from vllm_seqhooks.engine.vllm_private.input_batch import (
@@ -57,6 +61,7 @@ from vllm_seqhooks.engine.vllm_private.runner import (
     v2_splice_problems,
 )
 from vllm_seqhooks.engine.vllm_private.scheduler_calls import (
+    request_update_for_hooks,
     stock_request_updates,
     vllm_request_update,
 )
@@ -65,11 +70,13 @@ from vllm_seqhooks.engine.vllm_private.sessions import (
     park_stopped,
     parked_not_waiting,
     session_problems,
+    unqueue_parked,
 )
 from vllm_seqhooks.engine.vllm_private.scheduler import (
     adopt_block_hashes,
     allocate_join_blocks,
     children_first_queue,
+    hash_lookahead_tokens,
     hit_with_partial_block,
     salt_block_hashes,
     scheduler_problems,
@@ -78,10 +85,10 @@ from vllm_seqhooks.engine.vllm_private.scheduler import (
 )
 
 __all__ = [
-    "PINNED_VLLM_VERSION", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "adopt_block_hashes",
+    "RELEASES", "Release", "SUPPORTED_VERSIONS", "installed_version", "SPLICE_INPUTS_ATTR", "VllmPrivateAPIError", "adopt_block_hashes",
     "allocate_join_blocks",
     "check",
-    "children_first_queue", "copy_kv_slots", "hit_with_partial_block", "cpu_seed_problems",
+    "children_first_queue", "hash_lookahead_tokens", "copy_kv_slots", "hit_with_partial_block", "cpu_seed_problems",
     "input_batch_problems", "input_processor_problems", "permute_input_batch",
     "install_cpu_seed_fix",
     "install_family_batch_order", "install_ray_on_cpu", "ray_on_cpu_problems",
@@ -91,24 +98,23 @@ __all__ = [
     "world_cpu_group",
     "share_block_hashes",
     "splice_problems", "v2_model_runner_problems", "v2_splice_problems",
-    "SchedulerPort", "stock_request_updates", "vllm_request_update",
-    "park_stopped", "parked_not_waiting", "session_problems",
+    "SchedulerPort", "request_update_for_hooks", "stock_request_updates",
+    "vllm_request_update", "park_stopped", "parked_not_waiting", "session_problems",
+    "unqueue_parked",
 ]
 
 
 def problems() -> list[str]:
-    """Everything the scheduler's process uses that differs from the pinned
-    vLLM (empty when all is well)."""
-    import vllm
+    """Everything the scheduler's process uses that differs from what the
+    installed vLLM release is expected to have (empty when all is well); a
+    release that is not supported is reported alone."""
+    from vllm_seqhooks.engine.vllm_private.releases import version_problem
 
-    found: list[str] = []
-    version = getattr(vllm, "__version__", "?")
-    if version.split("+")[0] != PINNED_VLLM_VERSION:
-        found.append(
-            f"vLLM {version} is installed; vllm-seqhooks is pinned to "
-            f"{PINNED_VLLM_VERSION}"
-        )
-    return found + scheduler_problems() + session_problems()
+    version = installed_version()
+    release = RELEASES.get(version)
+    if release is None:
+        return [version_problem(version)]
+    return scheduler_problems(release) + session_problems(release)
 
 
 _checked = False

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import inspect
 
-PINNED_VLLM_VERSION = "0.32.0"
-
 
 class VllmPrivateAPIError(ImportError):
     """The installed vLLM does not match what vllm_seqhooks was built on."""

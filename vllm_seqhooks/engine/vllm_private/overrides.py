@@ -31,7 +31,9 @@ OVERRIDES: tuple[Override, ...] = (
         relies_on="update_from_output calls it once per request and step with the new "
                   "token ids, and keeps what it returns (kept tokens, stopped); on 0.32 "
                   "AsyncScheduler overrides it for output placeholders and the hook "
-                  "scheduler sits above both",
+                  "scheduler sits above both; 0.33 folds that into Scheduler's and takes "
+                  "back the computed tokens it cuts at a stop "
+                  "(scheduler_calls.request_update_for_hooks makes both releases alike)",
         can_go="when vLLM gives a scheduler a per-request hook on sampled tokens that may "
                "stop the request and add requests (logits processors cannot)"),
     Override(
@@ -39,7 +41,8 @@ OVERRIDES: tuple[Override, ...] = (
         why="a request stopped at <sync> (or at its end) with open children is parked "
             "instead of finished: kept as a waiting session (sessions.park_stopped)",
         relies_on="the assumptions listed and checked in .sessions (0.32 queues the kept "
-                  "request inside this method)",
+                  "request inside this method, 0.33 after update_from_output's loop: "
+                  "sessions.unqueue_parked)",
         can_go="when vLLM lets a scheduler keep a stopped request with its blocks without "
                "posing as a streaming session"),
     Override(
@@ -49,7 +52,8 @@ OVERRIDES: tuple[Override, ...] = (
             "partly filled block copied on write; without the prefix cache, slot by slot): "
             "splicing.child_context_hit",
         relies_on="admission asks it for every waiting request's local hit, and the hit it "
-                  "returns is what gets allocated (0.33 adds max_cache_hit_length)",
+                  "returns is what gets allocated (0.33 adds max_cache_hit_length, passed "
+                  "through; the child's hit stops at it)",
         can_go="when vLLM lets a scheduler give a new request another request's computed "
                "KV as its context"),
     Override(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+from vllm_seqhooks.engine.vllm_private.releases import Release, installed
 from vllm_seqhooks.engine.vllm_private.common import method_problems
 
 
@@ -43,6 +44,22 @@ KV_CACHE_MANAGER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
                         "num_encoder_tokens", "full_sequence_must_fit", "reserved_blocks",
                         "has_scheduled_reqs", "skip_zeroing_group_ids")),
 )
+
+#: The parameter a release's prefix-cache hit methods add (see
+#: ``releases.Release.hit_takes_max_length``).
+_HIT_LIMIT = "max_cache_hit_length"
+
+
+def expected_methods(table: tuple[tuple[str, tuple[str, ...]], ...],
+                     release: Release) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``table`` as ``release`` has it (its prefix-cache hit methods take
+    ``max_cache_hit_length`` too, where it says so)."""
+    if not release.hit_takes_max_length:
+        return table
+    limited = ("_get_local_prefix_cache_hit", "get_computed_blocks")
+    return tuple((name, params + (_HIT_LIMIT,) if name in limited else params)
+                 for name, params in table)
+
 
 #: Attributes set in KVCacheManager.__init__ that a splice join reads.
 KV_CACHE_MANAGER_ATTRIBUTES = ("enable_caching",)
@@ -117,8 +134,9 @@ ENGINE_CORE_OUTPUT_FIELDS = (
 )
 
 
-def scheduler_problems() -> list[str]:
-    """What differs from the pinned vLLM in what the scheduler uses."""
+def scheduler_problems(release: Release) -> list[str]:
+    """What differs from ``release`` (the installed vLLM's) in what the
+    scheduler uses."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine import EngineCoreOutput
@@ -126,8 +144,9 @@ def scheduler_problems() -> list[str]:
 
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-    found = method_problems(Scheduler, SCHEDULER_METHODS)
-    found += method_problems(KVCacheManager, KV_CACHE_MANAGER_METHODS)
+    found = method_problems(Scheduler, expected_methods(SCHEDULER_METHODS, release))
+    found += method_problems(KVCacheManager,
+                             expected_methods(KV_CACHE_MANAGER_METHODS, release))
     kv_init_src = inspect.getsource(KVCacheManager.__init__)
     for attr in KV_CACHE_MANAGER_ATTRIBUTES:
         if f"self.{attr}" not in kv_init_src:
@@ -155,7 +174,7 @@ def scheduler_problems() -> list[str]:
             found.append(f"EngineCoreOutput lost field {f!r}")
     if not hasattr(RequestStatus, "WAITING_FOR_STREAMING_REQ"):
         found.append("RequestStatus.WAITING_FOR_STREAMING_REQ is missing")
-    found += _block_hasher_problems()
+    found += _block_hasher_problems(release)
     found += _partial_hit_problems()
     found += _waiting_queue_problems()
     found += _world_group_problems()
@@ -198,15 +217,23 @@ def _partial_hit_problems() -> list[str]:
     return found
 
 
-def _block_hasher_problems() -> list[str]:
+def _block_hasher_problems(release: Release) -> list[str]:
     """What :func:`share_block_hashes` relies on: the engine's block hasher
     hashes from the request's first block without a hash, chaining on the
-    last one it has; ``Request.update_block_hashes`` runs it."""
+    last one it has; ``Request.update_block_hashes`` runs it. A release with
+    look-ahead hashes says how far on the scheduler
+    (:func:`hash_lookahead_tokens`)."""
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import Request
 
     src = inspect.getsource(get_request_block_hasher)
     found = []
+    if release.hashes_with_lookahead and (
+            "num_hash_lookahead_tokens" not in inspect.signature(
+                get_request_block_hasher).parameters
+            or "self.num_hash_lookahead_tokens" not in inspect.getsource(Scheduler.__init__)):
+        found.append("the block hasher's look-ahead (num_hash_lookahead_tokens) is gone")
     if ("len(request.block_hashes) * hash_block_size" not in src
             or "request.block_hashes[-1]" not in src):
         found.append("get_request_block_hasher no longer continues from the "
@@ -216,13 +243,25 @@ def _block_hasher_problems() -> list[str]:
     return found
 
 
-def share_block_hashes(child, parent, hash_block_size: int, shared_tokens: int) -> None:
+def hash_lookahead_tokens(sched) -> int:
+    """How many tokens past a block its hash covers on this engine (vLLM
+    0.33 with EAGLE and prefix caching: ``num_hash_lookahead_tokens``; 0
+    on a release without look-ahead hashes)."""
+    if not installed().hashes_with_lookahead:
+        return 0
+    return int(sched.num_hash_lookahead_tokens)
+
+
+def share_block_hashes(child, parent, hash_block_size: int, shared_tokens: int,
+                       lookahead: int = 0) -> None:
     """Give ``child`` (built with ``block_hasher=None``) its parent's block
     hasher and the block hashes of the whole blocks among the
     ``shared_tokens`` first tokens its prompt shares with the parent's
     tokens, then hash only the rest, as vLLM would have hashed the whole
     prompt (the same tokens, LoRA and cache salt give the same chained
-    hashes). A parent with multimodal features or prompt embeddings (extra
+    hashes). A hash that covers ``lookahead`` tokens past its block (see
+    :func:`hash_lookahead_tokens`) is shared only when those are shared
+    too. A parent with multimodal features or prompt embeddings (extra
     hash keys the child does not have) shares none."""
     hasher = parent._block_hasher
     if hasher is None:
@@ -230,7 +269,8 @@ def share_block_hashes(child, parent, hash_block_size: int, shared_tokens: int) 
     child._block_hasher = hasher
     shared = 0
     if not parent.mm_features and parent.prompt_embeds is None:
-        shared = min(len(parent.block_hashes), shared_tokens // hash_block_size)
+        shared = min(len(parent.block_hashes),
+                     max(0, shared_tokens - lookahead) // hash_block_size)
     child.block_hashes = parent.block_hashes[:shared]
     child.update_block_hashes()
 
@@ -277,13 +317,16 @@ def hit_with_partial_block(kv_cache_manager, hit_blocks, owner_id: str, index: i
     return kv_cache_manager.create_kv_cache_blocks(([*found, owned[index]],))
 
 
-def adopt_block_hashes(request, donor, num_tokens: int, hash_block_size: int) -> None:
+def adopt_block_hashes(request, donor, num_tokens: int, hash_block_size: int,
+                       lookahead: int = 0) -> None:
     """``request`` holds ``donor``'s blocks of its first ``num_tokens``
-    tokens: its block hashes there become the donor's (under which the
-    prefix cache knows those blocks), and its later ones are hashed again,
-    chained on them."""
+    tokens (the same tokens as its own there): its block hashes there
+    become the donor's (under which the prefix cache knows those blocks),
+    those whose ``lookahead`` tokens past the block are among them too, and
+    its later ones are hashed again, chained on them."""
     del request.block_hashes[:]
-    request.block_hashes.extend(donor.block_hashes[: num_tokens // hash_block_size])
+    request.block_hashes.extend(
+        donor.block_hashes[: max(0, num_tokens - lookahead) // hash_block_size])
     request.update_block_hashes()
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from vllm_seqhooks.engine.vllm_private.scheduler import hash_lookahead_tokens
 from vllm_seqhooks.engine.vllm_private.scheduler_calls import (
     free_blocks_to_prefix_cache, free_held_blocks, preempt)
 from vllm_seqhooks.engine.vllm_private.sessions import (
@@ -36,6 +37,8 @@ class SchedulerPort:
         #: Fixed at start-up.
         self.block_size: int = sched.block_size
         self.hash_block_size: int = sched.hash_block_size
+        #: Tokens past a block that its hash covers (vLLM 0.33, EAGLE).
+        self.hash_lookahead: int = hash_lookahead_tokens(sched)
         self.max_model_len: int = sched.max_model_len
         self.max_num_running_reqs: int = sched.max_num_running_reqs
         self.max_num_active_reqs: int = sched.max_num_active_reqs

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The vLLM 0.33 part of the test suite (scripts/test.sh runs it after the
+# 0.32 suite), in the 0.33 test venv that scripts/setup_vllm033.sh builds
+# (.venv033, or $VENV033; a test-only arrangement, see docs/install.md):
+# vLLM 0.33.0's own scheduler tests against the hook scheduler
+# (scripts/upstream_conformance.sh), then the project's tests that are not
+# marked slow (unit, surgical scheduler, speculative, splice, formats, ...)
+# and the end-to-end tests through LLM and `vllm serve`. Both always run;
+# the exit status is non-zero if either fails (pytest's 5 included). Extra
+# arguments go to pytest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+VENV033=${VENV033:-.venv033}
+PY=$VENV033/bin/python
+[ -x "$PY" ] || { echo "test_vllm033.sh: $PY not found; run scripts/setup_vllm033.sh first" >&2; exit 1; }
+status=0
+PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
+"$PY" -m pytest tests -m "not slow" "$@" || status=$?
+"$PY" -m pytest tests/test_forkjoin_e2e.py tests/test_llm_entrypoint.py tests/test_serve.py \
+  "$@" || status=$?
+exit "$status"
