@@ -48,6 +48,7 @@ def test_phases_of_a_fork_and_join(async_sched):
     h.run(max_steps=60)
     assert seen == [(Phase.RUNNING, 0), (Phase.PARKED, 1), (Phase.RUNNING, 0)]
     assert h.tokens["r"] == [40, P, 41, E, 42, S, 60, 61, 62, 43, EOS]
+    assert h.sched.metrics.park_count == 1  # (its park timed from parked_since)
 
 
 def test_an_invalid_transition_raises():
@@ -132,7 +133,8 @@ def test_the_checker_finds_a_phase_vllm_contradicts(async_sched):
         check_invariants(h.sched)
     fj.lifecycle.num_parked -= 1
     fj.states["r"].phase = Phase.RUNNING  # (not through a transition)
-    assert any("r is running but its node blocked=True" in p for p in lifecycle_problems(h.sched.fork_join))
+    assert any("r is running but parked_since" in p
+               for p in lifecycle_problems(h.sched.fork_join))
 
 
 @MODES

@@ -2,7 +2,7 @@
 
 Pure Python, no vLLM import. It knows which request spawned which, in what
 order, which children are still open (not yet merged into their parent),
-whether a blocked parent can join, what to merge, and which requests an abort
+whether a parent's open children have all ended, what to merge, and which requests an abort
 must take down. Its nodes are what :func:`vllm_seqhooks.core.trace.build_trace`
 turns into the trace callers read once a request finishes.
 
@@ -109,8 +109,6 @@ class HookNode:
     open_children: list[str] = field(default_factory=list)
     ignored_promises: list[dict[str, Any]] = field(default_factory=list)
     joins: list[JoinRecord] = field(default_factory=list)
-    blocked: bool = False
-    blocked_since: float | None = None
 
 
 class RequestTree:
@@ -211,11 +209,6 @@ class RequestTree:
             return False
         return all(self.nodes[c].state in ENDED for c in node.open_children)
 
-    def block(self, request_id: str) -> None:
-        node = self.ensure_root(request_id)
-        node.blocked = True
-        node.blocked_since = self._clock()
-
     def child_ended(
         self,
         child_id: str,
@@ -226,7 +219,8 @@ class RequestTree:
     ) -> str | None:
         """Record a child's end (what it gives its parent: ``output_tokens``,
         and ``output_text`` for a tag format's ``"text"`` merge). Returns its
-        parent id when that parent is blocked and can now join."""
+        parent id when this was the parent's last open child (whether the
+        parent waits for them, and so joins now, is the engine's to say)."""
         assert state in ENDED, state
         node = self.nodes.get(child_id)
         if node is None or node.state != RUNNING:
@@ -237,7 +231,7 @@ class RequestTree:
         node.output_text = output_text
         node.finish_reason = finish_reason
         parent = self.nodes.get(node.parent_id) if node.parent_id else None
-        if parent is not None and parent.blocked and self.ready_to_join(parent.request_id):
+        if parent is not None and self.ready_to_join(parent.request_id):
             return parent.request_id
         return None
 
@@ -263,7 +257,7 @@ class RequestTree:
 
     def join_open_children(self, request_id: str, merged_tokens: int = 0) -> list[str]:
         """Join the open (all ended) children of ``request_id``: a finished one
-        becomes merged, the parent is unblocked and the join recorded (with
+        becomes merged, and the join is recorded (with
         ``merged_tokens``). Returns the joined children, in spawn order."""
         node = self.nodes[request_id]
         children = list(node.open_children)
@@ -274,8 +268,6 @@ class RequestTree:
                 child.state = MERGED
             child.join_time = now
         node.open_children.clear()
-        node.blocked = False
-        node.blocked_since = None
         node.joins.append(JoinRecord(time=now, children=children, merged_tokens=merged_tokens))
         return children
 

@@ -89,7 +89,7 @@ class Joins:
         self.family_limits.child_ended(st, rid)
         self.metrics.child_ended(state)
         parent_id = fj.tree.child_ended(rid, state, tokens, reason, text)
-        if parent_id is not None:
+        if parent_id is not None and fj.waits_for_children(parent_id):
             fj.ready_joins.append(parent_id)
 
     def contribution(self, st: HookState, merged: list[int] = (),
@@ -152,8 +152,8 @@ class Joins:
         fj = self.fork_join
         rid = st.request.request_id
         node = fj.tree.get(rid)
-        if node is not None and node.blocked_since is not None:
-            self.metrics.observe_park(time.time() - node.blocked_since)
+        if st.parked_since is not None:
+            self.metrics.observe_park(time.time() - st.parked_since)
         fork, st.fork = st.fork, None
         stop_text = self.hooks.unclosed_child_stop_text if st.unclosed_child else None
         st.unclosed_child = False

@@ -39,6 +39,7 @@ state, what the phases say; the surgical tests run it every step.
 from __future__ import annotations
 
 import enum
+import time
 from typing import Any
 
 #: A request's hook state (``vllm_seqhooks.engine.state.HookState``, which
@@ -83,12 +84,13 @@ class Lifecycle:
 
     def park(self, st: HookState, spilled_at: int | None = None) -> None:
         """RUNNING -> PARKING: it stopped in this step with open children
-        (requires: running). Counted as parked; its outputs of this step lose
-        their finish reason. ``spilled_at``: vLLM preempted it while the step
+        (requires: running). Counted as parked, since now; its outputs of
+        this step lose their finish reason. ``spilled_at``: vLLM preempted it while the step
         was in flight (its blocks are gone); it parks spilled, its KV having
         reached that token."""
         self._move(st, (Phase.RUNNING,), Phase.PARKING)
         st.spilled_frontier = spilled_at
+        st.parked_since = time.time()
         self.num_parked += 1
         self.parked_this_step.add(st.request.request_id)
 
@@ -117,6 +119,7 @@ class Lifecycle:
         self._move(st, (Phase.PARKED, Phase.SPILLED), Phase.RUNNING)
         self.num_parked -= 1
         frontier, st.spilled_frontier = st.spilled_frontier, None
+        st.parked_since = None
         return frontier
 
     def drain(self, st: HookState) -> None:
@@ -135,6 +138,7 @@ class Lifecycle:
             self.num_parked -= 1
         st.phase = Phase.RUNNING
         st.spilled_frontier = None
+        st.parked_since = None
 
     def take_parked_this_step(self) -> set[str]:
         taken, self.parked_this_step = self.parked_this_step, set()
@@ -142,12 +146,12 @@ class Lifecycle:
 
 
 def lifecycle_problems(fork_join: Any) -> list[str]:
-    """What vLLM's state and the request tree say that the phases do not
-    (between steps): the parked count is the number of requests in a parked
-    phase; none is still PARKING; a parked request is vLLM's waiting
-    session and its tree node is blocked; a running one is neither; a
-    spilled one holds no computed tokens and has its frontier, any other
-    none; a draining one is a child."""
+    """What vLLM's state says that the phases do not (between steps): the
+    parked count is the number of requests in a parked phase; none is still
+    PARKING; a parked request is vLLM's waiting session, with the time it
+    parked, and has open children; a running one is neither; a spilled one
+    holds no computed tokens and has its frontier, any other none; a
+    draining one is a child."""
     from vllm.v1.request import RequestStatus
 
     lifecycle = fork_join.lifecycle
@@ -155,18 +159,18 @@ def lifecycle_problems(fork_join: Any) -> list[str]:
     parked = 0
     for rid, st in fork_join.states.items():
         phase = st.phase
-        node = fork_join.tree.get(rid)
-        blocked = node is not None and node.blocked
         session = st.request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+        waiting = st.parked_since is not None
         if phase is Phase.PARKING:
             found.append(f"{rid} is still parking between steps")
         if phase in WAITING_FOR_CHILDREN:
             parked += 1
-            if not (blocked and session):
-                found.append(f"{rid} is {phase.value} but its node blocked={blocked}, "
-                             f"vLLM status {st.request.status.name}")
-        elif blocked or (session and not st.request.is_finished()):
-            found.append(f"{rid} is {phase.value} but its node blocked={blocked}, "
+            if not (session and waiting and fork_join.tree.has_open_children(rid)):
+                found.append(f"{rid} is {phase.value} but vLLM status "
+                             f"{st.request.status.name}, parked_since {st.parked_since}, "
+                             f"open children {fork_join.tree.has_open_children(rid)}")
+        elif waiting or (session and not st.request.is_finished()):
+            found.append(f"{rid} is {phase.value} but parked_since {st.parked_since}, "
                          f"vLLM status {st.request.status.name}")
         if (phase is Phase.SPILLED) != (st.spilled_frontier is not None):
             found.append(f"{rid} is {phase.value} with spilled frontier {st.spilled_frontier}")

@@ -51,7 +51,6 @@ class Parking:
         # The worker drops its state for the parked request (freeing its
         # model-runner slot); it is re-sent in full when the request resumes.
         self.vllm.drop_worker_state(rid)
-        fj.tree.block(rid)
         if fj.tree.ready_to_join(rid):
             fj.ready_joins.append(rid)
 

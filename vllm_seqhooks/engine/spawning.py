@@ -151,7 +151,7 @@ class Spawning:
                 self.ignore_promise(st, entry.closed_at, refusal)
                 self.metrics.child_ended(FAILED)
                 parent_id = fj.tree.child_ended(entry.child_id, FAILED, [], refusal)
-                if parent_id is not None:
+                if parent_id is not None and fj.waits_for_children(parent_id):
                     fj.ready_joins.append(parent_id)
             else:
                 self._start_child(st, entry.child_id, node, entry.prompt, entry.closed_at)

@@ -41,6 +41,9 @@ class HookState:
     #: Set while it is SPILLED (its KV blocks given back, or preempted at
     #: its stop), by the lifecycle only: how far its KV had reached.
     spilled_frontier: int | None = None
+    #: When it parked (``time.time()``), while it waits for its children;
+    #: set by the lifecycle only.
+    parked_since: float | None = None
     #: The join whose prefill is being counted, until the parent samples.
     accounting: JoinRecord | None = None
     first_scheduled: bool = False
@@ -172,6 +175,12 @@ class ForkJoinState:
     @property
     def num_parked(self) -> int:
         return self.lifecycle.num_parked
+
+    def waits_for_children(self, request_id: str) -> bool:
+        """Whether ``request_id`` is parked: its join comes when its open
+        children have all ended."""
+        st = self.states.get(request_id)
+        return st is not None and st.parked
 
     @property
     def idle(self) -> bool:
