@@ -14,7 +14,7 @@ PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || { echo "test.sh: $PY not found; run ./scripts/setup.sh first" >&2; exit 1; }
 status=0
 PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
-"$PY" -m pytest tests "$@" || status=$?
+"$PY" -m pytest tests --durations=30 "$@" || status=$?
 # vLLM 0.33 (scripts/test_vllm033.sh, in .venv033: scripts/setup_vllm033.sh);
 # SEQHOOKS_NO_VLLM033=1 leaves it out (said, not silent).
 if [ "${SEQHOOKS_NO_VLLM033:-}" = "1" ]; then

@@ -15,7 +15,7 @@ PY=$VENV033/bin/python
 [ -x "$PY" ] || { echo "test_vllm033.sh: $PY not found; run scripts/setup_vllm033.sh first" >&2; exit 1; }
 status=0
 PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
-"$PY" -m pytest tests -m "not slow" "$@" || status=$?
+"$PY" -m pytest tests -m "not slow" --durations=15 "$@" || status=$?
 "$PY" -m pytest tests/test_forkjoin_e2e.py tests/test_llm_entrypoint.py tests/test_serve.py \
   "$@" || status=$?
 exit "$status"
