@@ -104,17 +104,7 @@ def test_phases_of_a_splice_join_under_kv_pressure():
             if st is not None and seen.setdefault(rid, [None])[-1] is not st.phase:
                 seen[rid].append(st.phase)
 
-    from vllm_seqhooks.testing import sched_harness
-
-    real = sched_harness.SchedHarness.__init__
-
-    def recording(self, *args, **kwargs):
-        real(self, *args, **kwargs)
-        self.after_update.append(record)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sched_harness.SchedHarness, "__init__", recording)
-        h = _pressured(22, enable_prefix_caching=True)
+    h = _pressured(22, on_update=record, enable_prefix_caching=True)
     assert h.sched.hook_stats["spills"] >= 1
     assert seen["r"][1:] == [Phase.RUNNING, Phase.PARKED, Phase.SPILLED, Phase.RUNNING]
     assert seen[child_id("r", 0)][1:] == [Phase.RUNNING, Phase.DRAINING]

@@ -144,11 +144,14 @@ def test_splice_is_refused_with_speculative_decoding_and_mrope():
     assert "one KV cache group" in unsupported_splice(config(), groups)
 
 
-def _pressured(num_blocks: int, async_sched: bool = False, **kwargs):
+def _pressured(num_blocks: int, async_sched: bool = False, on_update=None, **kwargs):
     """Three long plain requests, then a splice family, on a small cache:
-    the parent resumes last, so it is the one vLLM preempts."""
+    the parent resumes last, so it is the one vLLM preempts. ``on_update``:
+    called after every update, as ``SchedHarness.after_update``'s are."""
     h, sent = splice_harness(async_sched, num_blocks=num_blocks, **kwargs)
     h.sent = sent
+    if on_update is not None:
+        h.after_update.append(on_update)
     for i in range(3):
         h.scripts[f"p{i}"] = enc("z" * 200) + [EOS]
         h.add(f"p{i}", enc("P" * 40), max_tokens=400)

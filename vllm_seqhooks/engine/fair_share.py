@@ -14,7 +14,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_seqhooks.core.fair_share import Entry, Holdings, StepShare
 from vllm_seqhooks.core.waiting_index import WaitingIndex, WaitingKey
 from vllm_seqhooks.core.kv_blocks import blocks_to_start
-from vllm_seqhooks.engine.lifecycle import Phase
+from vllm_seqhooks.engine.lifecycle import PARKED_WITH_BLOCKS
 from vllm_seqhooks.engine.metrics import HookMetrics
 from vllm_seqhooks.engine.state import ForkJoinState
 from vllm_seqhooks.engine.vllm_private import SchedulerPort
@@ -168,7 +168,7 @@ class FairShare:
         spilled), then the running requests."""
         fj = self.fork_join
         parked = [st.request for st in fj.states.values()
-                  if st.phase in (Phase.PARKING, Phase.PARKED)]
+                  if st.phase in PARKED_WITH_BLOCKS]
         return parked + list(self.vllm.running)
 
     def _family_blocks(self, requests: Iterable[Request]) -> int:

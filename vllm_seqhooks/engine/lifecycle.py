@@ -58,6 +58,8 @@ class Phase(enum.Enum):
 
 #: Phases of a request that waits for its children (it is "parked").
 WAITING_FOR_CHILDREN = frozenset({Phase.PARKING, Phase.PARKED, Phase.SPILLED})
+#: Those of them in which it still holds its KV blocks (not spilled).
+PARKED_WITH_BLOCKS = frozenset({Phase.PARKING, Phase.PARKED})
 
 
 class InvalidTransition(RuntimeError):

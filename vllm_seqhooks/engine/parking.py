@@ -18,9 +18,9 @@ from vllm_seqhooks.engine.vllm_private import SchedulerPort
 
 
 class Parking:
-    """Parks requests that wait for their children (their phase and tree
-    node in ``fork_join``), spills parked ones' KV blocks, and queues joined
-    ones again, in vLLM's scheduler (``vllm``)."""
+    """Parks requests that wait for their children (their phase in
+    ``fork_join``), spills parked ones' KV blocks, and queues joined ones
+    again, in vLLM's scheduler (``vllm``)."""
 
     def __init__(self, fork_join: ForkJoinState, vllm: SchedulerPort) -> None:
         self.fork_join = fork_join

@@ -18,7 +18,7 @@ from vllm_seqhooks.engine.spawning import Spawning
 from vllm_seqhooks.engine.speculative import Speculative
 from vllm_seqhooks.engine.splicing import Splicing
 from vllm_seqhooks.engine.state import ForkJoinState, HookState
-from vllm_seqhooks.engine.vllm_private.scheduler_calls import count_as_rejected
+from vllm_seqhooks.engine.vllm_private import count_as_rejected
 from vllm_seqhooks.formats.events import (
     EndTagReached,
     ForkReached,
@@ -31,7 +31,9 @@ from vllm_seqhooks.formats.events import (
 class Sampling:
     """The hook path of a step's sampled tokens. ``vllm_update(request,
     new_token_ids, is_stale)``: vLLM's own ``_update_request_with_output``
-    (it appends the tokens and checks vLLM's stops)."""
+    (it appends the tokens and checks vLLM's stops), through
+    ``vllm_private.request_update_for_hooks`` (what it cuts after a stop is
+    not counted computed, on every release)."""
 
     def __init__(self, fork_join: ForkJoinState, hooks: SpecialKwargs,
                  vllm_update: Callable[..., tuple[list[int], bool]],

@@ -120,7 +120,6 @@ class SeqHooksMixin:
             patches.install_worker_patches()
         logger.info("sequence hooks on: %s", self.hooks.summary())
 
-
     def _build_parts(self, vllm_config) -> None:
         """The parts: each receives what it reads and the parts it calls;
         vLLM's scheduler only through the port (``vllm_private.SchedulerPort``)."""
@@ -332,9 +331,9 @@ class SeqHooksMixin:
         if fj.idle:
             return outputs
         parked_now = fj.lifecycle.take_parked_this_step()
-        if parked_now:
-            vllm_private.unqueue_parked(self, [fj.states[rid].request for rid in parked_now
-                                               if rid in fj.states])
+        if parked_now:  # (read only on a release that queued them: a generator)
+            vllm_private.unqueue_parked(self, (fj.states[rid].request for rid in parked_now
+                                               if rid in fj.states))
         if self.logprobs_seen and fj.children:
             self.logprob_rows.keep_children(outputs, fj)
         self.step_outputs.filter_outputs(outputs, parked_now)

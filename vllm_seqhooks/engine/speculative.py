@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from vllm.v1.request import Request
 
 from vllm_seqhooks.engine.state import ForkJoinState, HookState
-from vllm_seqhooks.engine.vllm_private.scheduler_calls import count_as_rejected
+from vllm_seqhooks.engine.vllm_private import count_as_rejected
 from vllm_seqhooks.formats.events import EndTagReached, ForkReached, PayloadClosed, SyncReached
 
 if TYPE_CHECKING:

@@ -54,7 +54,7 @@ from vllm_seqhooks.core.splice_inputs import SpliceInputs
 from vllm_seqhooks.core.splice_map import SpliceMap, SplicePath
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.engine import vllm_private
-from vllm_seqhooks.engine.lifecycle import Phase
+from vllm_seqhooks.engine.lifecycle import PARKED_WITH_BLOCKS, Phase
 from vllm_seqhooks.engine.metrics import HookMetrics
 from vllm_seqhooks.engine.parking import Parking
 from vllm_seqhooks.engine.state import ForkJoinState
@@ -347,7 +347,7 @@ class Splicing:
         node = self.fork_join.tree.get(request.request_id)
         parent_id = node.parent_id if node is not None else None
         st = self.fork_join.states.get(parent_id)
-        if st is None or st.phase not in (Phase.PARKING, Phase.PARKED):
+        if st is None or st.phase not in PARKED_WITH_BLOCKS:
             return found
         parent = st.request
         have = parent.num_computed_tokens

@@ -61,6 +61,7 @@ from vllm_seqhooks.engine.vllm_private.runner import (
     v2_splice_problems,
 )
 from vllm_seqhooks.engine.vllm_private.scheduler_calls import (
+    count_as_rejected,
     request_update_for_hooks,
     stock_request_updates,
     vllm_request_update,
@@ -98,7 +99,7 @@ __all__ = [
     "world_cpu_group",
     "share_block_hashes",
     "splice_problems", "v2_model_runner_problems", "v2_splice_problems",
-    "SchedulerPort", "request_update_for_hooks", "stock_request_updates",
+    "SchedulerPort", "count_as_rejected", "request_update_for_hooks", "stock_request_updates",
     "vllm_request_update", "park_stopped", "parked_not_waiting", "session_problems",
     "unqueue_parked",
 ]

@@ -111,14 +111,12 @@ def resume_session(sched: Any, request: Any, update: Any) -> None:
 def _cut_to_computed_and_one(request: Any) -> None:
     """Leave ``request`` its first ``num_computed_tokens`` tokens and one
     more: its next one when it has it, else a stand-in (its last token
-    again), which the session update drops."""
+    again), which the session update drops. (Its output tokens are read
+    from these and cleared by the session update.)"""
     keep = request.num_computed_tokens
     tokens = request._all_token_ids
     if len(tokens) > keep + 1:
-        dropped = len(tokens) - keep - 1
         del tokens[keep + 1:]
-        outputs = request._output_token_ids
-        del outputs[max(0, len(outputs) - dropped):]
     elif len(tokens) == keep:
         tokens.append(tokens[-1])
 
