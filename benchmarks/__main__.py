@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             else "quick")
     profile = profiles()[name]
     if args.async_scheduling:
-        from vllm_seqhooks.testing.async_scheduling import force_async_scheduling
+        from tests.support.async_scheduling import force_async_scheduling
 
         force_async_scheduling()
         profile.name += "-async"

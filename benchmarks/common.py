@@ -67,10 +67,10 @@ def default_cache_dir() -> Path:
 
 
 def bench_model(size: str, dtype: str, cache_dir: Path | None = None) -> Path:
-    """A random-weight model from ``vllm_seqhooks.testing.tiny_model`` with
+    """A random-weight model from ``vllm_seqhooks.scripted.tiny_model`` with
     ``max_position_embeddings`` raised to :data:`BENCH_MAX_POSITIONS`;
     built once into ``cache_dir`` and reused."""
-    from vllm_seqhooks.testing.tiny_model import build_tiny_model
+    from vllm_seqhooks.scripted.tiny_model import build_tiny_model
 
     cache_dir = Path(cache_dir or default_cache_dir())
     out = cache_dir / f"{size}-{dtype}-pos{BENCH_MAX_POSITIONS}"
@@ -120,13 +120,13 @@ def kv_bytes_per_token(path: Path, dtype: str) -> int:
 
 #: The hook tokens of the benchmark models (same ids as the tiny model).
 def hook_settings() -> dict[str, Any]:
-    from vllm_seqhooks.testing.forkjoin import TINY_HOOKS
+    from tests.support.forkjoin import TINY_HOOKS
 
     return dict(TINY_HOOKS)
 
 
 def engine_kwargs(profile: "Profile", *, kv_tokens: int, scripted: bool) -> dict[str, Any]:
-    from vllm_seqhooks.testing.scripted import ScriptedTokensLogitsProcessor
+    from vllm_seqhooks.scripted.processor import ScriptedTokensLogitsProcessor
 
     kw: dict[str, Any] = dict(
         enforce_eager=True,
@@ -213,7 +213,7 @@ class Bench:
                               **overrides)
             secs = time.perf_counter() - t0
             self.engines[name] = llm
-            from vllm_seqhooks.testing.forkjoin import scheduler_of
+            from tests.support.forkjoin import scheduler_of
 
             self.engine_info[name] = {"kind": kind, "kv_tokens": kv_tokens,
                                       "scripted": scripted, "start_s": round(secs, 1),
@@ -307,7 +307,7 @@ class EngineProbe:
     def __init__(self, llm: Any, *, track_parked: bool = False, log_steps: bool = True) -> None:
         from vllm.v1.request import RequestStatus
 
-        from vllm_seqhooks.testing.forkjoin import scheduler_of
+        from tests.support.forkjoin import scheduler_of
 
         self.llm = llm
         self.sched = sched = scheduler_of(llm)
@@ -378,14 +378,14 @@ class EngineProbe:
         ``Request``, its block hashes included), as a child's ``Request`` is
         built inside the hook scheduler's step: both sides count the
         engine-side work of making a request."""
-        from vllm_seqhooks.testing.forkjoin import engine_core_of
+        from tests.support.forkjoin import engine_core_of
 
         self._add_timer(engine_core_of(llm), "preprocess_add_request", "scheduler_s")
 
     def _time_reorder(self, llm: Any) -> None:
         """Time the model runner's ``_may_reorder_batch`` (the same wrapper
         on every engine; a no-op on an engine whose runner is elsewhere)."""
-        from vllm_seqhooks.testing.forkjoin import model_runner_of
+        from tests.support.forkjoin import model_runner_of
 
         try:
             runner = model_runner_of(llm)
@@ -486,7 +486,7 @@ class Family:
 def make_family(rng: random.Random, *, context: int, k: int, child_tokens: int,
                 payload: int, continuation: int, separator: Sequence[int],
                 think: int = 0) -> Family:
-    from vllm_seqhooks.testing.tiny_model import (
+    from vllm_seqhooks.scripted.tiny_model import (
         BOS_ID, EOS_ID, PROMISE_END_ID, PROMISE_ID, SYNC_ID, TOKENIZER_SIZE)
 
     first_char = 9  # " " (tiny_model: ids 9..103 are the printable characters)
@@ -522,8 +522,8 @@ def make_family(rng: random.Random, *, context: int, k: int, child_tokens: int,
 
 
 def family_params(fam: Family, *, sequential: bool = False):
-    from vllm_seqhooks.testing.scripted import scripted_params
-    from vllm_seqhooks.testing.tiny_model import EOS_ID
+    from vllm_seqhooks.scripted.processor import scripted_params
+    from vllm_seqhooks.scripted.tiny_model import EOS_ID
 
     if sequential:
         return scripted_params(fam.sequential_script, end="eos", eos_token_id=EOS_ID)
@@ -539,7 +539,7 @@ def critical_path_tokens(fam: Family) -> tuple[int, int]:
     merged tokens samples the continuation's first token. Sequential: every
     token the single request writes (+EOS). Both count the prompt's prefill
     as one step (the step that samples the first token)."""
-    from vllm_seqhooks.testing.tiny_model import PROMISE_END_ID, SYNC_ID
+    from vllm_seqhooks.scripted.tiny_model import PROMISE_END_ID, SYNC_ID
 
     script = fam.parent_script
     sync = script.index(SYNC_ID)

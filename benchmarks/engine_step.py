@@ -71,7 +71,7 @@ def _per_step(r: dict[str, Any]) -> dict[str, float]:
 def run(bench: Bench, sizes: list[int], repeats: int) -> dict[str, Any]:
     from benchmarks import forkjoin
     from benchmarks.filed_grouping import grouping_as_filed
-    from vllm_seqhooks.testing.forkjoin import model_runner_of
+    from tests.support.forkjoin import model_runner_of
 
     forkjoin.engines(bench)
     kv = bench.profile.settings["engines"]["kv_tokens"]

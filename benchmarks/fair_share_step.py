@@ -8,7 +8,7 @@ step's GRPO groups are (``2 x slots`` families, each a 100-token prompt that
 forks 4 children of 30-49 tokens and then writes 20 more), on an engine with
 ``slots`` running slots. While the batch lasts, children of started
 families wait beside roots that have not started, so every step works out
-a share. Driven by the surgical harness (``vllm_seqhooks.testing``): every
+a share. Driven by the surgical harness (``tests.support``): every
 scheduled request samples its script's token; only ``schedule()`` and
 ``update_from_output()`` are timed, for every configuration alike, over the
 whole run (every family to its end).
@@ -43,7 +43,7 @@ CONTINUATION = 20
 
 
 def _harness(config: str, slots: int):
-    from vllm_seqhooks.testing.sched_harness import (
+    from tests.support.sched_harness import (
         EOS_ID, PROMISE_END_ID, PROMISE_ID, SYNC_ID, SchedHarness, child_id)
 
     h = SchedHarness(False, num_blocks=slots * 12 + 64, block_size=32, max_num_seqs=slots,

@@ -5,7 +5,7 @@
 
 For each preset (threadweaver, multiverse, npr, parallel-r1), a batch of
 families written in its format with scripted tokens on the tiny model
-(:mod:`vllm_seqhooks.testing.format_scripts`: a long prompt, an outline of k
+(:mod:`tests.support.format_scripts`: a long prompt, an outline of k
 items, children of ``child_tokens`` tokens, a continuation after the join):
 
 * in-process: ``vllm_seqhooks.LLM(special_kwargs=NAME)`` against
@@ -49,7 +49,7 @@ def spec(name: str) -> dict[str, Any]:
 def workload(name: str, size: dict[str, Any], S, seed: int):
     """``size["batch"]`` families; the prompts differ between presets and
     seeds (the stock engine's prefix cache serves every preset)."""
-    from vllm_seqhooks.testing.format_scripts import format_script
+    from tests.support.format_scripts import format_script
 
     rng = random.Random(f"{name}:{seed}")
     prompts, params = [], []
@@ -79,7 +79,7 @@ def in_process(model: str, size: dict[str, Any]) -> list[dict[str, Any]]:
 
     from vllm_seqhooks.loops.format_loop import FormatLoop
     from vllm_seqhooks.llm import LLM
-    from vllm_seqhooks.testing.forkjoin import Scripts, scripted_engine_kwargs
+    from tests.support.forkjoin import Scripts, scripted_engine_kwargs
 
     kwargs = scripted_engine_kwargs(model, max_model_len=4096)
     stock = vllm.LLM(model, **kwargs)
@@ -235,8 +235,8 @@ def over_http(model: str, size: dict[str, Any], workdir: Path) -> list[dict[str,
     from vllm_seqhooks.config.special_kwargs import SpecialKwargs
     from vllm_seqhooks.formats.text_codec import TextCodec
     from vllm_seqhooks.config.presets import expand
-    from vllm_seqhooks.testing.forkjoin import Scripts
-    from vllm_seqhooks.testing.server import SCRIPTED, TINY_FLAGS, start_server
+    from tests.support.forkjoin import Scripts
+    from tests.support.server import SCRIPTED, TINY_FLAGS, start_server
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.common import setup_env
 
     setup_env()
-    from vllm_seqhooks.testing.tiny_model import build_tiny_model
+    from vllm_seqhooks.scripted.tiny_model import build_tiny_model
 
     size = SIZES["smoke" if args.smoke else "default"]
     workdir = Path(tempfile.mkdtemp(prefix="seqhooks-formats-"))

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from vllm_seqhooks.loops.promise_loop import ClientLoop
 from vllm_seqhooks.config.presets import coerce_special_kwargs
 from vllm_seqhooks.core.request_tree import derive_seed
-from vllm_seqhooks.testing.scripted import CHILD_KEY, SAMPLED_BEFORE_KEY
+from vllm_seqhooks.scripted.processor import CHILD_KEY, SAMPLED_BEFORE_KEY
 from vllm_seqhooks.formats.events import PayloadClosed
 from vllm_seqhooks.formats.promise import PromiseScanner
 

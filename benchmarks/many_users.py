@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from benchmarks.serve_load import percentiles
-from vllm_seqhooks.testing.server import (
+from tests.support.server import (
     SCRIPTED,
     TINY_FLAGS,
     TINY_HOOK_FLAGS,
@@ -188,8 +188,8 @@ def main(argv=None) -> int:
 
     from transformers import AutoTokenizer
 
-    from vllm_seqhooks.testing.scripted import encode_script
-    from vllm_seqhooks.testing.tiny_model import build_tiny_model
+    from vllm_seqhooks.scripted.processor import encode_script
+    from vllm_seqhooks.scripted.tiny_model import build_tiny_model
 
     workdir = Path(tempfile.mkdtemp(prefix="seqhooks-many-users-"))
     model = str(build_tiny_model(workdir / "tiny"))

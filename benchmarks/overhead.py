@@ -108,7 +108,7 @@ def run(bench: Bench) -> dict[str, Any]:
 
 def scheduler_cost(bench: Bench, one, repeats: int) -> dict[str, Any]:
     """Seconds per step spent in ``schedule()`` + ``update_from_output()``."""
-    from vllm_seqhooks.testing.forkjoin import scheduler_of
+    from tests.support.forkjoin import scheduler_of
 
     acc: dict[str, dict[str, float]] = {}
     for name in CONFIGS:

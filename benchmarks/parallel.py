@@ -20,7 +20,7 @@ from typing import Any
 from benchmarks.common import Bench, family_params, interleaved, spread
 from benchmarks.forkjoin import engines, families, sampled_tokens
 from benchmarks.loop import run_native
-from vllm_seqhooks.testing.tiny_model import EOS_ID
+from vllm_seqhooks.scripted.tiny_model import EOS_ID
 
 CONFIGS = ("forked", "sequential")
 

@@ -265,7 +265,7 @@ def start_servers(model: str, workdir: Path) -> tuple[Any, Any]:
     """A native (``--seqhooks auto``) and a stock ``vllm serve``, started at
     once, with the dev endpoint that resets the prefix cache."""
     from vllm_seqhooks.check import trained_engine_flags
-    from vllm_seqhooks.testing.server import start_server
+    from tests.support.server import start_server
 
     # Keep-alive beyond a batch: with vLLM's 5 s, a connection idle while its
     # family waits was closed as the client reused it (httpx ReadError).

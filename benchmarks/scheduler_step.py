@@ -4,7 +4,7 @@
 [--steps 40] [--out docs/benchmarks]``
 
 Drives vLLM's scheduler and the hook scheduler directly, with synthetic
-model-runner outputs (the surgical harness of ``vllm_seqhooks.testing``:
+model-runner outputs (the surgical harness of ``tests.support``:
 every scheduled request samples one token a step, as vLLM's own scheduler
 tests build them), so that only ``schedule()`` and ``update_from_output()``
 are timed: the "model" (the harness building the output) is outside the
@@ -73,7 +73,7 @@ CYCLE_WARM_STEPS = 30
 
 
 def _harness(config: str, live: int):
-    from vllm_seqhooks.testing.sched_harness import SchedHarness
+    from tests.support.sched_harness import SchedHarness
 
     model_len = PROMPT + MAX_TOKENS + 64
     if "cycles" in config:  # a parent's context grows by its merges
@@ -102,7 +102,7 @@ def _harness(config: str, live: int):
 def _fork_round(lead: list[int]) -> list[int]:
     """A ``cycles`` parent's round: ``lead``, then a promise per child, then
     ``<sync>`` (the next round's lead is ``[50]``)."""
-    from vllm_seqhooks.testing.sched_harness import PROMISE_END_ID, PROMISE_ID, SYNC_ID
+    from tests.support.sched_harness import PROMISE_END_ID, PROMISE_ID, SYNC_ID
 
     script = list(lead)
     for j in range(CHILDREN):
@@ -112,14 +112,14 @@ def _fork_round(lead: list[int]) -> list[int]:
 
 def _child_script(j: int) -> list[int]:
     """What a ``cycles`` round's child ``j`` writes, EOS included."""
-    from vllm_seqhooks.testing.sched_harness import EOS_ID
+    from tests.support.sched_harness import EOS_ID
 
     return [60 + j] * (CYCLE_CHILD_TOKENS - 1) + [EOS_ID]
 
 
 def _populate(h, config: str, live: int) -> int:
     """Add the configuration's requests; the number it will keep running."""
-    from vllm_seqhooks.testing.sched_harness import (
+    from tests.support.sched_harness import (
         EOS_ID, PROMISE_END_ID, PROMISE_ID, SYNC_ID, child_id)
 
     if config in ("cycles", "cycles-v2"):
@@ -170,7 +170,7 @@ class _ClientLoop:
         from vllm import SamplingParams
         from vllm.v1.request import Request
 
-        from vllm_seqhooks.testing.sched_setup import EOS_ID, block_hasher
+        from tests.support.sched_setup import EOS_ID, block_hasher
 
         h = self.h
         h.scripts[rid] = script
@@ -190,7 +190,7 @@ class _ClientLoop:
     def after_step(self, outputs) -> float:
         """The client's reaction to a step's finished requests; the seconds
         its requests took to build and add."""
-        from vllm_seqhooks.testing.sched_harness import EOS_ID
+        from tests.support.sched_harness import EOS_ID
 
         spent = 0.0
         for eco in outputs.values():

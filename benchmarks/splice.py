@@ -5,7 +5,7 @@
     python -m benchmarks.splice --smoke                   # a quick check
 
 A batch of Multiverse-format families with scripted tokens
-(:mod:`vllm_seqhooks.testing.format_scripts`: a prompt of ``context``
+(:mod:`tests.support.format_scripts`: a prompt of ``context``
 tokens, an outline of ``k`` items, children of ``child_tokens`` tokens
 ending at ``</Path>``, a continuation after the join), run three ways in
 one process, interleaved, order rotated:
@@ -62,7 +62,7 @@ def spec(join: str) -> dict[str, Any]:
 
 
 def workload(size: dict[str, Any], S, seed: int):
-    from vllm_seqhooks.testing.format_scripts import format_script
+    from tests.support.format_scripts import format_script
 
     rng = random.Random(f"splice:{seed}")
     prompts, params = [], []
@@ -87,7 +87,7 @@ def engines(model: str, kv_tokens: int, max_model_len: int):
 
     from benchmarks.common import EngineProbe, kv_bytes_per_token
     from vllm_seqhooks.llm import LLM
-    from vllm_seqhooks.testing.forkjoin import scripted_engine_kwargs
+    from tests.support.forkjoin import scripted_engine_kwargs
 
     kwargs = scripted_engine_kwargs(
         model, block_size=BLOCK_SIZE, max_model_len=max_model_len, enable_prefix_caching=True,
@@ -129,7 +129,7 @@ def run_one(config: str, llm, probe, prompts, params) -> dict[str, Any]:
 
 def run_workload(name: str, model: str, size: dict[str, Any], kv_tokens: int) -> dict[str, Any]:
     from benchmarks.common import close_engine, interleaved
-    from vllm_seqhooks.testing.forkjoin import Scripts
+    from tests.support.forkjoin import Scripts
 
     made, probes = engines(model, kv_tokens, family_tokens(size))
     made["splice-aa"], probes["splice-aa"] = made["splice"], probes["splice"]

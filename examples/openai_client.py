@@ -10,11 +10,11 @@ Start a server first. With a model trained to write the hook tokens:
 With the project's tiny random-weight model (it does not write hook tokens
 by itself, so this example forces them with the scripted logits processor):
 
-    python -m vllm_seqhooks.testing.tiny_model /tmp/tiny
+    python -m vllm_seqhooks.scripted.tiny_model /tmp/tiny
     vllm serve /tmp/tiny --sync-token '<sync>' --promise-token '<promise>' \\
         --promise-end-token '</promise>' --enforce-eager --dtype float32 \\
         --max-model-len 1024 --block-size 32 --kv-cache-memory-bytes 67108864 \\
-        --logits-processors vllm_seqhooks.testing.scripted:ScriptedTokensLogitsProcessor
+        --logits-processors vllm_seqhooks.scripted.processor:ScriptedTokensLogitsProcessor
     python examples/openai_client.py --url http://127.0.0.1:8000 --scripted-tiny
 """
 
@@ -42,7 +42,7 @@ def scripted_xargs(model: str) -> dict:
     """vllm_xargs that make the tiny model fork two children and join them."""
     from transformers import AutoTokenizer
 
-    from vllm_seqhooks.testing.scripted import encode_script
+    from vllm_seqhooks.scripted.processor import encode_script
 
     tok = AutoTokenizer.from_pretrained(model)
     S = lambda text: encode_script(tok, text)  # noqa: E731

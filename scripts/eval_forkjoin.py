@@ -269,7 +269,7 @@ sort 3917425=<promise>3917</promise><promise>425</promise><sync>1379,245=1234579
 
 - Llama, hidden 256, 4 layers, 4 attention heads of 64, 2 KV heads,
   MLP 512, vocabulary 128 (the character-level tokenizer of
-  `vllm_seqhooks/testing/tiny_model.py`: `<promise>`=4, `</promise>`=5,
+  `vllm_seqhooks/scripted/tiny_model.py`: `<promise>`=4, `</promise>`=5,
   `<sync>`=6, EOS `</s>`=2, BOS `<s>`=1); {tr.get('parameters', 0):,} parameters,
   saved as {tr.get('saved_dtype', '?')} safetensors (`vllm_seqhooks/data/forkjoin_model/`,
   with `training.json`).

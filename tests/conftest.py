@@ -1,7 +1,15 @@
-"""Shared pytest fixtures: the tiny offline model and engine settings."""
+"""Shared pytest fixtures: the tiny offline model and engine settings.
+
+The tests' tools are the package ``tests.support``: the repository's root
+goes first on ``sys.path`` and on ``PYTHONPATH`` (every process a test
+starts -- engine cores, ``vllm serve``, Ray workers -- imports them the same
+way), with the directory of the tests' own vLLM plugin
+(:mod:`tests.support.ray_on_cpu`).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -9,16 +17,21 @@ from typing import Any
 import pytest
 
 _ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
+_PATHS = [str(_ROOT), str(_ROOT / "tests" / "support" / "ray_plugin")]
+for _path in reversed(_PATHS):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [*_PATHS, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                if p and p not in _PATHS)])
 
-from vllm_seqhooks.testing.tiny_model import TINY_ENGINE_KWARGS as TINY_LLM_KWARGS  # noqa: E402
+from vllm_seqhooks.scripted.tiny_model import TINY_ENGINE_KWARGS as TINY_LLM_KWARGS  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Path (str) of the tiny random Llama model, built once per session."""
-    from vllm_seqhooks.testing.tiny_model import build_tiny_model
+    from vllm_seqhooks.scripted.tiny_model import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model"))
 
@@ -45,24 +58,7 @@ def _no_stale_cpu_tp_segments():
     """vLLM's CPU tensor-parallel backend leaves its shared-memory segments
     in /dev/shm when its workers are killed; a later engine given the same
     port then fails to start (errno 17). Remove those no process maps."""
-    from vllm_seqhooks.testing.cpu_shm import remove_stale_cpu_shm
+    from tests.support.cpu_shm import remove_stale_cpu_shm
 
     remove_stale_cpu_shm()
     yield
-
-
-@pytest.fixture(params=["compiled", "python"])
-def kernels(request, monkeypatch) -> str:
-    """Run a test with the compiled kernels of the family batch order
-    (``vllm_seqhooks.native``) and again with their Python implementations.
-    The compiled run fails when they are not built, unless SEQHOOKS_NATIVE=0
-    asks for the Python ones (then it is skipped)."""
-    from vllm_seqhooks import native
-
-    if request.param == "python":
-        monkeypatch.setattr(native, "rows", None)
-    elif native.rows is None:
-        if native.why_not == f"{native.ENV}=0":
-            pytest.skip(native.why_not)
-        pytest.fail(f"the compiled kernels are missing: {native.why_not}")
-    return request.param

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_seqhooks.testing.tiny_model import EOS_ID
+from vllm_seqhooks.scripted.tiny_model import EOS_ID
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +15,7 @@ BLOCK_BYTES = 2 * 2 * 1 * 64 * 4 * BLOCK
 
 @pytest.fixture(scope="module")
 def llms(tiny_model_dir):
-    from vllm_seqhooks.testing.forkjoin import Scripts, hook_llm
+    from tests.support.forkjoin import Scripts, hook_llm
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -28,7 +28,7 @@ def llms(tiny_model_dir):
 
 
 def idle(llm):
-    from vllm_seqhooks.testing.forkjoin import kv_blocks_in_use, scheduler_of
+    from tests.support.forkjoin import kv_blocks_in_use, scheduler_of
 
     sched = scheduler_of(llm)
     sizes = sched.hook_state_sizes()
@@ -63,7 +63,7 @@ def long_child_params(S, script):
 
 
 def test_abort_parent_while_blocked(llms):
-    from vllm_seqhooks.testing.forkjoin import scheduler_of
+    from tests.support.forkjoin import scheduler_of
 
     roomy, _, S = llms
     sched = scheduler_of(roomy)
@@ -78,7 +78,7 @@ def test_abort_parent_while_blocked(llms):
 
 
 def test_abort_parent_while_children_run(llms):
-    from vllm_seqhooks.testing.forkjoin import scheduler_of
+    from tests.support.forkjoin import scheduler_of
 
     roomy, _, S = llms
     sched = scheduler_of(roomy)
@@ -92,7 +92,7 @@ def test_abort_parent_while_children_run(llms):
 
 
 def test_aborted_child_never_blocks_its_parent(llms):
-    from vllm_seqhooks.testing.forkjoin import engine_core_of, scheduler_of
+    from tests.support.forkjoin import engine_core_of, scheduler_of
 
     roomy, _, S = llms
     sched = scheduler_of(roomy)
@@ -134,7 +134,7 @@ def test_kv_pressure_all_families_finish_identically(llms):
     """32 parents x 4 children with a KV cache that holds a few families:
     every request finishes, with the same text as without pressure, and
     nothing is left allocated."""
-    from vllm_seqhooks.testing.forkjoin import scheduler_of
+    from tests.support.forkjoin import scheduler_of
 
     roomy, tight, S = llms
     prompts = [("Family %d " % i) * 12 for i in range(32)]  # ~120 tokens each

@@ -9,7 +9,7 @@ import pytest
 
 from vllm_seqhooks.core.batch_order import FamilyGrouping, family_of, moves_as_swaps
 from vllm_seqhooks.core.request_tree import CHILD_ID_MARKER as M
-from vllm_seqhooks.testing.batch_churn import finish_some
+from tests.support.batch_churn import finish_some
 
 
 def apply(ids, swaps):
@@ -80,7 +80,7 @@ def test_a_request_entering_moves_one_request_per_block_it_crosses():
 
 
 @pytest.mark.parametrize("seed", range(50))
-def test_random_batches_end_contiguous(seed, kernels):
+def test_random_batches_end_contiguous(seed):
     rng = random.Random(seed)
     fams = [f"r{i}" for i in range(rng.randint(1, 8))]
     ids = []
@@ -102,7 +102,7 @@ def test_random_batches_end_contiguous(seed, kernels):
     assert all(family_of(ids[i]) != owner[i] for i in moved)
 
 
-def test_moves_and_their_swaps_are_one_permutation(kernels):
+def test_moves_and_their_swaps_are_one_permutation():
     rng = random.Random(7)
     for _ in range(200):
         ids = [f"f{rng.randrange(6)}{M}{k}" for k in range(rng.randint(0, 30))]
@@ -121,7 +121,7 @@ def test_moves_and_their_swaps_are_one_permutation(kernels):
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_a_kept_grouping_decides_as_a_fresh_one(seed, kernels):
+def test_a_kept_grouping_decides_as_a_fresh_one(seed):
     """Step after step (requests entering at the end or in a finished one's
     hole, the last moved into a hole, an equal id in a new string object),
     the grouping that remembers the last batch moves exactly what one that
@@ -148,7 +148,7 @@ def test_a_kept_grouping_decides_as_a_fresh_one(seed, kernels):
         assert len(blocks(ids)) == len({family_of(r) for r in ids})
 
 
-def test_family_codes_are_remembered_and_forgotten_in_bulk(kernels):
+def test_family_codes_are_remembered_and_forgotten_in_bulk():
     grouping = FamilyGrouping(forget_after=4)
     ids = ["a", f"b{M}0", f"a{M}0", "b"]
     codes = grouping.codes(ids)
@@ -321,7 +321,7 @@ def test_engines_with_hooks_load_the_worker_extension():
 def test_scheduler_installs_the_order_only_without_our_worker_extension(
         monkeypatch, extension, batch_order, installs):
     from vllm_seqhooks.engine import patches
-    from vllm_seqhooks.testing import sched_setup
+    from tests.support import sched_setup
 
     calls = []
     monkeypatch.setattr(patches, "install_worker_patches", lambda: calls.append(1))
@@ -347,7 +347,7 @@ def _v2_batches(monkeypatch, batch_order: str) -> list[list[str]]:
     import vllm.config.vllm as vllm_config_module
     from vllm.v1.worker.gpu.model_runner import sort_batch_req_ids
 
-    from vllm_seqhooks.testing.sched_harness import (
+    from tests.support.sched_harness import (
         EOS_ID, PROMISE_END_ID as E, PROMISE_ID as P, SYNC_ID as S, SchedHarness, child_id)
 
     # The scheduler is built for the V2 runner (no model runs here, so

@@ -4,7 +4,7 @@ loop (:class:`~vllm_seqhooks.loops.text_loop.TextLoop`, every prompt a
 string), on the same sampled tokens.
 
 The native side is the real scheduler in the surgical harness; the loop's
-calls are replayed by :class:`~vllm_seqhooks.testing.text_completions.ScriptedCompletions`
+calls are replayed by :class:`~tests.support.text_completions.ScriptedCompletions`
 (each prompt tokenized as vLLM tokenizes a text prompt, stop strings cut as
 vLLM cuts them). Each request samples the tokenizer's own split of the text
 it writes, including the bytes its last token carries past a tag (``>\\n``,
@@ -28,11 +28,11 @@ from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.formats.tag_scan import TagScanner
 from vllm_seqhooks.formats.text_codec import TextCodec
 from vllm_seqhooks.loops.text_loop import TextLoop
-from vllm_seqhooks.testing import pinned_wheels as pw
-from vllm_seqhooks.testing import real_tokenizers as rt
-from vllm_seqhooks.testing.sched_harness import SchedHarness, child_id
-from vllm_seqhooks.testing.text_completions import ROOT, ScriptedCompletions
-from vllm_seqhooks.testing.threadweaver_texts import FAMILIES, SFT, sft_family
+from tests.support import pinned_wheels as pw
+from tests.support import real_tokenizers as rt
+from tests.support.sched_harness import SchedHarness, child_id
+from tests.support.text_completions import ROOT, ScriptedCompletions
+from tests.support.threadweaver_texts import FAMILIES, SFT, sft_family
 
 TAG_PRESETS = [name for name in PRESETS if "fork_tag" in PRESETS[name]]
 PROMPT = "Sort the digits 3 1 2.\n"
@@ -253,8 +253,8 @@ def test_ids_boundaries_end_tags_at_their_last_byte_too(tok):
 
 @pytest.fixture(scope="module")
 def qwen_corpus_model(tmp_path_factory):
-    from vllm_seqhooks.testing import real_tokenizer_models as rtm
-    from vllm_seqhooks.testing.corpus_model import write_corpus
+    from tests.support import real_tokenizer_models as rtm
+    from tests.support.corpus_model import write_corpus
 
     tok = _tokenizer("qwen2", False)
     root = tmp_path_factory.mktemp("qwen_corpus")
@@ -275,9 +275,9 @@ def test_native_equals_the_text_loop_on_vllm(qwen_corpus_model, monkeypatch):
     import vllm
 
     from vllm_seqhooks.llm import LLM
-    from vllm_seqhooks.testing.corpus_model import CORPUS_ENV, CORPUS_LOGITS_PROCESSOR_FQCN
-    from vllm_seqhooks.testing.forkjoin import scheduler_of
-    from vllm_seqhooks.testing.tiny_model import TINY_ENGINE_KWARGS
+    from tests.support.corpus_model import CORPUS_ENV, CORPUS_LOGITS_PROCESSOR_FQCN
+    from tests.support.forkjoin import scheduler_of
+    from vllm_seqhooks.scripted.tiny_model import TINY_ENGINE_KWARGS
 
     tok, model, corpus, prompts, wholes = qwen_corpus_model
     monkeypatch.setenv(CORPUS_ENV, str(corpus))

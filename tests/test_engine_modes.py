@@ -1,7 +1,7 @@
 """The end-to-end fork/join oracles on each engine mode: {V1 runner, V2
 runner} x {sync, async scheduling}. V2 with async scheduling is vLLM's GPU
 default; on CPU it runs through Triton's interpreter
-(``vllm_seqhooks.testing.engine_modes``).
+(``tests.support.engine_modes``).
 
 Each mode runs :func:`oracles` once, in a fresh process with the engine in
 that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the scheduler's
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_seqhooks.testing.engine_modes import MODES, EngineMode, run_in_mode
+from tests.support.engine_modes import MODES, EngineMode, run_in_mode
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ FAMILIES = 12
 
 
 def _idle(llm) -> bool:
-    from vllm_seqhooks.testing.forkjoin import kv_blocks_in_use, scheduler_of
+    from tests.support.forkjoin import kv_blocks_in_use, scheduler_of
 
     sched = scheduler_of(llm)
     sizes = sched.hook_state_sizes()
@@ -44,7 +44,7 @@ def oracles(model: str) -> dict:
     """Runs in the mode's process; returns what the tests assert on."""
     import vllm
 
-    from vllm_seqhooks.testing.forkjoin import (
+    from tests.support.forkjoin import (
         Scripts, hook_llm, model_runner_of, scheduler_of)
 
     llm = hook_llm(model, max_model_len=512,
@@ -194,7 +194,7 @@ def tag_format_oracles(model: str, prompt_ids: list[int]) -> dict:
     import vllm
 
     from vllm_seqhooks.llm import LLM
-    from vllm_seqhooks.testing.forkjoin import Scripts, scheduler_of, scripted_engine_kwargs
+    from tests.support.forkjoin import Scripts, scheduler_of, scripted_engine_kwargs
 
     # Child 2 ends at EOS: the parent goes on (not the preset's stop).
     llm = LLM(model, special_kwargs={"format": "threadweaver", "unclosed_child_stop_text": None},

@@ -186,7 +186,7 @@ def _reference_from_engine(sched) -> FairSharePlan:
 
 @pytest.mark.parametrize("case", ["late_plain", "batch", "priorities", "tight_kv"])
 def test_engine_holds_and_preemptions_equal_the_whole_queue_plan(case):
-    from vllm_seqhooks.testing.sched_harness import (
+    from tests.support.sched_harness import (
         EOS_ID as EOS, PROMISE_END_ID as E, PROMISE_ID as P, SYNC_ID as S, SchedHarness,
         child_id)
 

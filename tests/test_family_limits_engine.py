@@ -1,7 +1,7 @@
 """Family limits, deadlines and fair share in the scheduler (surgical
 harness: scripted tokens, counted in steps, sync and async scheduling).
 
-The fork bomb (vllm_seqhooks.testing.fork_bomb): one request writes 16
+The fork bomb (tests.support.fork_bomb): one request writes 16
 promises, each child 16 more, each grandchild N tokens; a plain request
 arrives once the first level has spawned. Why the plain request stays
 within 2x its steps alone: while it waits, fair share holds the bomb's
@@ -26,14 +26,14 @@ from vllm_seqhooks.core.family_limits import (
     FAMILY_LIVE,
     TOKEN_BUDGET,
 )
-from vllm_seqhooks.testing.fork_bomb import (
+from tests.support.fork_bomb import (
     BOMB_ID,
     LIMITS_OFF,
     PLAIN_ID,
     promises,
     run_fork_bomb,
 )
-from vllm_seqhooks.testing.sched_harness import (
+from tests.support.sched_harness import (
     EOS_ID as EOS,
     SEP_ID as SEP,
     FAILED_MARKER_IDS,

@@ -18,7 +18,7 @@ PROMPT = (
 def engines(tiny_model_dir):
     import vllm
 
-    from vllm_seqhooks.testing.forkjoin import TINY_ENGINE_KWARGS, Scripts, hook_llm
+    from tests.support.forkjoin import TINY_ENGINE_KWARGS, Scripts, hook_llm
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -32,7 +32,7 @@ def gen(llm, prompts, params):
 
 
 def assert_engine_idle(llm):
-    from vllm_seqhooks.testing.forkjoin import kv_blocks_in_use, scheduler_of
+    from tests.support.forkjoin import kv_blocks_in_use, scheduler_of
 
     sched = scheduler_of(llm)
     sizes = sched.hook_state_sizes()
@@ -43,7 +43,7 @@ def assert_engine_idle(llm):
 
 def test_scheduler_in_engine_is_ours(engines):
     from vllm_seqhooks.engine.scheduler import SeqHooksSyncScheduler
-    from vllm_seqhooks.testing.forkjoin import scheduler_of
+    from tests.support.forkjoin import scheduler_of
 
     hooked, stock, _ = engines
     sched = scheduler_of(hooked)
@@ -120,7 +120,7 @@ def test_prefill_at_join_and_fork_reuse(engines):
     """Engine-side counters: a join prefills only <sync> + merged tokens; a
     forked child computes at most one block of its prompt."""
     hooked, _, S = engines
-    from vllm_seqhooks.testing.forkjoin import scheduler_of
+    from tests.support.forkjoin import scheduler_of
 
     prompt_ids = hooked.get_tokenizer().encode(PROMPT * 2)
     script = S("hello<promise>xyz</promise>ab<sync>!")
@@ -363,7 +363,7 @@ def test_families_are_contiguous_in_the_model_batch(engines):
     with batch_order="family" (the default) the model runner's batch keeps
     each family together, and the outputs are unchanged."""
     from vllm_seqhooks.core.batch_order import family_of
-    from vllm_seqhooks.testing.forkjoin import model_runner_of
+    from tests.support.forkjoin import model_runner_of
 
     hooked, stock, S = engines
     runner = model_runner_of(hooked)

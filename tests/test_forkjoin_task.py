@@ -79,7 +79,7 @@ def test_summarize():
 
 def test_hook_settings_match_tokenizer():
     from vllm_seqhooks.config.special_kwargs import SpecialKwargs
-    from vllm_seqhooks.testing.tiny_model import build_tokenizer
+    from vllm_seqhooks.scripted.tiny_model import build_tokenizer
 
     hooks = SpecialKwargs(**task.hook_settings())
     tok = build_tokenizer()
@@ -155,7 +155,7 @@ def ngram_against_plain(n: int) -> dict:
     from vllm import SamplingParams
 
     from vllm_seqhooks import LLM
-    from vllm_seqhooks.testing.forkjoin import scheduler_of
+    from tests.support.forkjoin import scheduler_of
 
     problems = task.heldout_problems(n)
     params = SamplingParams(temperature=0.0, max_tokens=task.PARENT_MAX_TOKENS, logprobs=2)
@@ -196,7 +196,7 @@ def test_trained_model_with_ngram_speculative_decoding():
     without speculation. (In a fresh process: vLLM's ngram proposer imports numba,
     and vLLM 0.32's CPU kernel rebinding then fails for every later engine
     of the process, see docs/install.md.)"""
-    from vllm_seqhooks.testing.engine_modes import EngineMode, run_in_mode
+    from tests.support.engine_modes import EngineMode, run_in_mode
 
     n = 60
     res = run_in_mode(EngineMode("v1", False), ngram_against_plain, kwargs={"n": n},
@@ -259,7 +259,7 @@ def test_embedded_model_with_auto_settings_llm():
 def test_embedded_model_served_with_seqhooks_auto(tmp_path):
     """``vllm serve MODEL --seqhooks auto``: one flag, correct answers."""
     from vllm_seqhooks.check import trained_engine_flags, trained_outputs
-    from vllm_seqhooks.testing.server import start_server
+    from tests.support.server import start_server
 
     model = str(task.model_dir())
     server = start_server(model, "--seqhooks", "auto", *trained_engine_flags(),

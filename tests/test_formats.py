@@ -71,7 +71,7 @@ def tokenizer(request):
     if request.param == "tiny_chars":
         from transformers import PreTrainedTokenizerFast
 
-        from vllm_seqhooks.testing.tiny_model import build_tokenizer
+        from vllm_seqhooks.scripted.tiny_model import build_tokenizer
 
         return PreTrainedTokenizerFast(tokenizer_object=build_tokenizer())
     return _bpe(use_regex=request.param == "gpt2_regex")
@@ -236,7 +236,7 @@ def test_merge_layout():
 def test_presets_are_valid_and_expressible(name):
     from transformers import PreTrainedTokenizerFast
 
-    from vllm_seqhooks.testing.tiny_model import build_tokenizer
+    from vllm_seqhooks.scripted.tiny_model import build_tokenizer
 
     hooks = SpecialKwargs(**expand(name))
     assert hooks.tag_format is not None
@@ -250,7 +250,7 @@ def test_presets_are_valid_and_expressible(name):
 def test_a_tag_the_tokenizer_cannot_write_fails_at_resolve():
     from transformers import PreTrainedTokenizerFast
 
-    from vllm_seqhooks.testing.tiny_model import build_tokenizer
+    from vllm_seqhooks.scripted.tiny_model import build_tokenizer
 
     hooks = SpecialKwargs(**expand({"format": "threadweaver", "child_end_tag": "</Thréad>"}))
     with pytest.raises(SpecialKwargsError, match="child_end_tag '</Thréad>' cannot be written"):

@@ -10,9 +10,9 @@ from vllm.v1.engine import FinishReason
 
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.config.presets import expand
-from vllm_seqhooks.testing.sched_harness import EOS_ID as EOS
-from vllm_seqhooks.testing.sched_harness import SchedHarness, child_id
-from vllm_seqhooks.testing.tiny_model import build_tokenizer
+from tests.support.sched_harness import EOS_ID as EOS
+from tests.support.sched_harness import SchedHarness, child_id
+from vllm_seqhooks.scripted.tiny_model import build_tokenizer
 
 MODES = pytest.mark.parametrize("async_sched", [False, True], ids=["sync", "async"])
 _TOK = build_tokenizer()

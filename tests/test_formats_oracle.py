@@ -54,7 +54,7 @@ def in_process():
 def stock(in_process, tiny_model_dir):
     import vllm
 
-    from vllm_seqhooks.testing.forkjoin import scripted_engine_kwargs
+    from tests.support.forkjoin import scripted_engine_kwargs
 
     return vllm.LLM(tiny_model_dir, **scripted_engine_kwargs(tiny_model_dir))
 
@@ -62,7 +62,7 @@ def stock(in_process, tiny_model_dir):
 @pytest.fixture(scope="module", params=list(CASES))
 def native(request, in_process, tiny_model_dir):
     from vllm_seqhooks.llm import LLM
-    from vllm_seqhooks.testing.forkjoin import scripted_engine_kwargs
+    from tests.support.forkjoin import scripted_engine_kwargs
 
     # Children without their end tag here: every parent goes on after them.
     spec = {"format": request.param, "max_child_depth": 1, "fork_min_tokens": None,
@@ -75,7 +75,7 @@ def native(request, in_process, tiny_model_dir):
 
 def test_native_equals_the_formats_own_loop(native, stock):
     from vllm_seqhooks.loops.format_loop import FormatLoop
-    from vllm_seqhooks.testing.forkjoin import Scripts, scheduler_of
+    from tests.support.forkjoin import Scripts, scheduler_of
 
     name, spec, llm = native
     before, children, after, merged = CASES[name]
@@ -112,7 +112,7 @@ def test_promise_preset_equals_its_client_loop(tiny_model_dir, in_process, stock
     (benchmarks.loop.ScriptedClientLoop: ClientLoop replaying scripts)."""
     from benchmarks.loop import ScriptedClientLoop
     from vllm_seqhooks.llm import LLM
-    from vllm_seqhooks.testing.forkjoin import Scripts, scripted_engine_kwargs
+    from tests.support.forkjoin import Scripts, scripted_engine_kwargs
 
     spec = {"format": "promise", "merge_separator": ","}
     llm = LLM(tiny_model_dir, special_kwargs=spec, **scripted_engine_kwargs(tiny_model_dir))
@@ -166,7 +166,7 @@ def test_rollout_rows_are_the_loops_own_calls(native, stock):
     sampled it, and leaves the inserted ones out."""
     from vllm_seqhooks import rollout
     from vllm_seqhooks.loops.format_loop import FormatLoop
-    from vllm_seqhooks.testing.forkjoin import Scripts
+    from tests.support.forkjoin import Scripts
 
     name, spec, llm = native
     before, children, after, _ = CASES[name]

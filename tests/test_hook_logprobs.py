@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from vllm_seqhooks.testing.engine_modes import MODES, run_in_mode
+from tests.support.engine_modes import MODES, run_in_mode
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ RUNS = [(MODES[0], name) for name in CASES] + [(MODES[3], "multiverse-splice")]
 def stock(tiny_model_dir):
     import vllm
 
-    from vllm_seqhooks.testing.forkjoin import scripted_engine_kwargs
+    from tests.support.forkjoin import scripted_engine_kwargs
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -74,7 +74,7 @@ def test_logprobs_with_hooks_are_the_models(mode, name, stock, tiny_model_dir):
     if reason:
         pytest.skip(reason)
     spec, script, children = CASES[name]
-    got = run_in_mode(mode, "vllm_seqhooks.testing.logprob_families:run_family",
+    got = run_in_mode(mode, "tests.support.logprob_families:run_family",
                       kwargs=dict(model=tiny_model_dir, spec=spec, script=script,
                                   children=children))
     assert not got["leftover"]
@@ -111,7 +111,7 @@ def test_logprobs_with_hooks_are_the_models(mode, name, stock, tiny_model_dir):
     # (also where a "text" merge re-tokenized them in the parent's row),
     # equal to stock vLLM's score and to a transformers forward pass of the
     # call's context (what a trainer recomputes)
-    from vllm_seqhooks.testing import splice_oracle
+    from tests.support import splice_oracle
 
     hf = splice_oracle.load(tiny_model_dir)
     for c, sc in zip(calls, scores):
@@ -131,7 +131,7 @@ def _after_splice_join_as_trained(got, model_dir):
     computes with the isolated-path mask and shared positions (the
     transformers oracle of testing/splice_oracle.py), not the causal ones."""
     from vllm_seqhooks.core.splice_layout import Parallel
-    from vllm_seqhooks.testing import splice_oracle
+    from tests.support import splice_oracle
 
     row = got["row"]
     (join,) = got["joins"]

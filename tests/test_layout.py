@@ -15,23 +15,23 @@ import vllm_seqhooks
 PACKAGE = Path(vllm_seqhooks.__file__).resolve().parent
 NAME = "vllm_seqhooks"
 
-#: What of this package each subpackage may import (the top level and
-#: ``testing`` may import anything).
+#: What of this package each subpackage may import (the top level may
+#: import anything).
 MAY_IMPORT = {
     "config": {"config", "formats", "core"},
-    "core": {"core", "native"},
-    "native": {"native"},
+    "core": {"core"},
     "formats": {"formats", "core"},
-    "engine": {"engine", "config", "core", "formats", "native"},
+    "engine": {"engine", "config", "core", "formats"},
     "loops": {"loops", "config", "core", "formats"},
-    "tasks": {"tasks", "config", "core", "formats", "testing.tiny_model"},
+    "tasks": {"tasks", "config", "core", "formats", "scripted.tiny_model"},
+    "scripted": {"scripted", "config", "llm"},
 }
 #: The pure subpackages: no vLLM, no torch.
-PURE = ("config", "core", "formats", "native")
+PURE = ("config", "core", "formats")
 #: Modules at the top level: what users address.
-TOP_LEVEL = {"__init__", "__main__", "check", "llm", "plugin", "rollout"}
+TOP_LEVEL = {"__init__", "__main__", "check", "llm", "local_server", "plugin", "rollout"}
 #: Directories of the package that are not Python packages.
-NOT_CODE = {"data", "__pycache__", "triton_cpu_stub"}
+NOT_CODE = {"data", "__pycache__"}
 
 
 def _modules() -> dict[str, Path]:
@@ -171,8 +171,7 @@ def test_top_level_holds_only_what_users_address():
     top = {p.stem for p in PACKAGE.glob("*.py")}
     assert top == TOP_LEVEL
     subpackages = {p.name for p in PACKAGE.iterdir() if p.is_dir()} - NOT_CODE
-    assert subpackages == {"config", "core", "formats", "engine", "loops", "tasks", "testing",
-                           "native"}
+    assert subpackages == {"config", "core", "formats", "engine", "loops", "tasks", "scripted"}
 
 
 def test_class_paths_given_to_vllm_name_the_classes():
@@ -185,14 +184,24 @@ def test_class_paths_given_to_vllm_name_the_classes():
         assert isinstance(getattr(importlib.import_module(module), attr), type)
 
 
+def test_the_package_never_imports_the_tests_tools():
+    """The wheel holds ``vllm_seqhooks`` only: nothing in it imports
+    ``tests`` (the tests' tools, ``tests/support``), at any level."""
+    wrong = [f"{module}:{line} imports {name}" for module in MODULES
+             for name, line in _imports(module).items() if name.split(".")[0] == "tests"]
+    assert wrong == []
+    assert not any("testing" in m.split(".") for m in MODULES)
+
+
 def test_every_name_imported_from_the_package_exists():
-    """``from vllm_seqhooks.x import name`` in the package, benchmarks,
-    scripts and examples (function-level imports included) names something
-    that module has: a function moved away fails here, not in a benchmark
-    run."""
+    """``from vllm_seqhooks.x import name`` and ``from tests.support.x import
+    name`` in the package, the tests' tools, benchmarks, scripts and examples
+    (function-level imports included) name something that module has: a
+    function moved away fails here, not in a benchmark run."""
     import importlib
 
-    roots = [PACKAGE, *(PACKAGE.parent / d for d in ("benchmarks", "scripts", "examples"))]
+    roots = [PACKAGE, *(PACKAGE.parent / d for d in ("benchmarks", "scripts", "examples",
+                                                      "tests/support"))]
     missing = []
     for root in roots:
         for path in sorted(root.rglob("*.py")):
@@ -200,7 +209,8 @@ def test_every_name_imported_from_the_package_exists():
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
-                        and node.module.split(".")[0] == NAME):
+                        and (node.module.split(".")[0] == NAME
+                             or node.module.startswith("tests.support"))):
                     continue
                 module = importlib.import_module(node.module)
                 for alias in node.names:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_seqhooks.engine.lifecycle import InvalidTransition, Lifecycle, Phase, lifecycle_problems
-from vllm_seqhooks.testing.sched_harness import (
+from tests.support.sched_harness import (
     EOS_ID as EOS,
     PROMISE_END_ID as E,
     PROMISE_ID as P,

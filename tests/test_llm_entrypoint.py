@@ -15,7 +15,7 @@ def test_without_special_kwargs_it_is_stock_vllm(tiny_model_dir, tiny_llm_kwargs
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from vllm_seqhooks import LLM
-    from vllm_seqhooks.testing.forkjoin import scheduler_of
+    from tests.support.forkjoin import scheduler_of
 
     kwargs = {k: v for k, v in tiny_llm_kwargs.items() if k != "model"}
     params = vllm.SamplingParams(temperature=0, max_tokens=24)
@@ -51,8 +51,8 @@ def test_hooks_in_the_default_multiprocess_engine(tiny_model_dir, tiny_llm_kwarg
     import os
 
     from vllm_seqhooks import LLM, format_tree
-    from vllm_seqhooks.testing.forkjoin import Scripts
-    from vllm_seqhooks.testing.scripted import SCRIPTED_LOGITS_PROCESSOR_FQCN
+    from tests.support.forkjoin import Scripts
+    from vllm_seqhooks.scripted.processor import SCRIPTED_LOGITS_PROCESSOR_FQCN
 
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0"
     kwargs = {k: v for k, v in tiny_llm_kwargs.items() if k != "model"}
@@ -78,8 +78,8 @@ def test_hooks_with_two_tensor_parallel_worker_processes(tiny_model_dir, tiny_ll
     EngineCore. Fork/join still merges correctly, and both workers keep
     families together in their batches (they load the hook worker extension)."""
     from vllm_seqhooks import LLM
-    from vllm_seqhooks.testing.forkjoin import Scripts
-    from vllm_seqhooks.testing.scripted import SCRIPTED_LOGITS_PROCESSOR_FQCN
+    from tests.support.forkjoin import Scripts
+    from vllm_seqhooks.scripted.processor import SCRIPTED_LOGITS_PROCESSOR_FQCN
 
     import os
 

@@ -1,6 +1,6 @@
 """vLLM's Model Runner V2 (the GPU default) on CPU, and the scripted-token
-logits processor for its interface (vllm_seqhooks.testing.v2_runner,
-vllm_seqhooks.testing.scripted_v2).
+logits processor for its interface (tests.support.v2_runner,
+vllm_seqhooks.scripted.processor_v2).
 
 Unit tests drive the V2 processor with hand-built batch layouts (no engine,
 no Triton).  Engine tests run V2 in a subprocess through Triton's interpreter
@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from vllm_seqhooks.testing import v2_runner
-from vllm_seqhooks.testing.tiny_model import (
+from tests.support import v2_runner
+from vllm_seqhooks.scripted.tiny_model import (
     EOS_ID,
     FIXED_TOKENS,
     PROMISE_END_ID,
@@ -53,7 +53,7 @@ def _proc(prompt_lens):
         LogitsProcRequestState,
     )
 
-    from vllm_seqhooks.testing.scripted_v2 import ScriptedTokensLogitsProcessorV2
+    from vllm_seqhooks.scripted.processor_v2 import ScriptedTokensLogitsProcessorV2
 
     prompt_len = SimpleNamespace(np=np.zeros(MAX_REQS, dtype=np.int32))
     prompt_len.np[: len(prompt_lens)] = prompt_lens
@@ -174,7 +174,7 @@ def test_v2_processor_children_end_and_vocab():
 
 
 def test_v2_processor_skips_and_delays(monkeypatch):
-    from vllm_seqhooks.testing import scripted_v2
+    from vllm_seqhooks.scripted import processor_v2 as scripted_v2
 
     slept: list[float] = []
     monkeypatch.setattr(scripted_v2.time, "sleep", slept.append)
@@ -190,7 +190,7 @@ def test_v2_processor_skips_and_delays(monkeypatch):
 
 
 def test_v2_processor_validation_is_shared():
-    from vllm_seqhooks.testing.scripted_v2 import ScriptedTokensLogitsProcessorV2
+    from vllm_seqhooks.scripted.processor_v2 import ScriptedTokensLogitsProcessorV2
 
     validate = ScriptedTokensLogitsProcessorV2.validate_params
     validate(_sp(seqhooks_script=[1], seqhooks_child_scripts='{"0": [2]}'))
@@ -209,8 +209,8 @@ def test_scripted_processor_for():
         LogitsProcessor as V2Interface,
     )
 
-    from vllm_seqhooks.testing.forkjoin import scripted_processor_for
-    from vllm_seqhooks.testing.scripted import (
+    from tests.support.forkjoin import scripted_processor_for
+    from vllm_seqhooks.scripted.processor import (
         SCRIPTED_LOGITS_PROCESSOR_FQCN,
         SCRIPTED_LOGITS_PROCESSOR_V2_FQCN,
     )
@@ -297,7 +297,7 @@ def test_run_in_v2_round_trip_and_errors():
 @needs_triton
 def test_activate_in_this_process_before_vllm_only():
     code = (
-        "from vllm_seqhooks.testing.v2_runner import activate_in_this_process\n"
+        "from tests.support.v2_runner import activate_in_this_process\n"
         "activate_in_this_process()\n"
         "from vllm.triton_utils import HAS_TRITON\n"
         "import vllm.envs as envs\n"
@@ -324,7 +324,7 @@ def test_activate_in_this_process_before_vllm_only():
 
 
 def _runner_name(llm) -> tuple[str, list[str]]:
-    from vllm_seqhooks.testing.forkjoin import model_runner_of
+    from tests.support.forkjoin import model_runner_of
 
     cls = type(model_runner_of(llm))
     return f"{cls.__module__}.{cls.__qualname__}", [c.__module__ for c in cls.__mro__]
@@ -335,8 +335,8 @@ def greedy_case(model: str, prompts: list[str], max_tokens: int) -> dict:
     ``uses_v2_model_runner`` predicted from the arguments beforehand."""
     from vllm import LLM, SamplingParams
 
-    from vllm_seqhooks.testing.tiny_model import TINY_ENGINE_KWARGS
-    from vllm_seqhooks.testing.v2_runner import uses_v2_model_runner
+    from vllm_seqhooks.scripted.tiny_model import TINY_ENGINE_KWARGS
+    from tests.support.v2_runner import uses_v2_model_runner
 
     args = {"model": model, **TINY_ENGINE_KWARGS}
     predicted = uses_v2_model_runner(args)
@@ -379,10 +379,10 @@ def prediction_case(model: str) -> dict:
     """``uses_v2_model_runner`` without ``VLLM_USE_V2_MODEL_RUNNER``: with
     Triton usable, it asks vLLM's config (which picks V2 here)."""
     os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-    from vllm_seqhooks.testing.forkjoin import scripted_engine_kwargs
-    from vllm_seqhooks.testing.scripted import SCRIPTED_LOGITS_PROCESSOR_V2_FQCN
-    from vllm_seqhooks.testing.tiny_model import TINY_ENGINE_KWARGS
-    from vllm_seqhooks.testing.v2_runner import uses_v2_model_runner
+    from tests.support.forkjoin import scripted_engine_kwargs
+    from vllm_seqhooks.scripted.processor import SCRIPTED_LOGITS_PROCESSOR_V2_FQCN
+    from vllm_seqhooks.scripted.tiny_model import TINY_ENGINE_KWARGS
+    from tests.support.v2_runner import uses_v2_model_runner
 
     (proc,) = scripted_engine_kwargs(model)["logits_processors"]
     return {
@@ -397,11 +397,11 @@ def scripted_case(model: str) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.exceptions import VLLMValidationError
 
-    from vllm_seqhooks.testing.scripted import (
+    from vllm_seqhooks.scripted.processor import (
         SCRIPTED_LOGITS_PROCESSOR_V2_FQCN,
         scripted_params,
     )
-    from vllm_seqhooks.testing.tiny_model import TINY_ENGINE_KWARGS
+    from vllm_seqhooks.scripted.tiny_model import TINY_ENGINE_KWARGS
 
     llm = LLM(model, logits_processors=[SCRIPTED_LOGITS_PROCESSOR_V2_FQCN],
               **TINY_ENGINE_KWARGS)

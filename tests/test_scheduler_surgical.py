@@ -1,6 +1,6 @@
 """Surgical tests of the fork/join scheduler: no model, no worker.
 
-The scheduler is built directly (``vllm_seqhooks.testing.sched_harness``) and
+The scheduler is built directly (``tests.support.sched_harness``) and
 fed hand-built ``ModelRunnerOutput`` s whose tokens come from per-request
 scripts; its state is checked after each step.  Every test runs on both
 variants: ``SeqHooksSyncScheduler`` (EngineCore.step order) and
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_seqhooks.testing.sched_harness import (
+from tests.support.sched_harness import (
     EOS_ID as EOS,
     FAILED_MARKER_IDS,
     PROMISE_END_ID as E,
@@ -1260,7 +1260,7 @@ def test_client_request_id_with_child_marker(async_sched):
 
 
 def _streaming_session(h: SchedHarness, script):
-    from vllm_seqhooks.testing.sched_harness import make_request
+    from tests.support.sched_harness import make_request
 
     req = make_request("r", prompt(10), block_size=h.block_size, max_tokens=30,
                        resumable=True)

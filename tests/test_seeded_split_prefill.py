@@ -18,7 +18,7 @@ def _families(model: str, budget: int, seeds) -> list[tuple[list[int], list[list
     """For each seed, one family on an engine with step budget ``budget``:
     the parent's output and its children's."""
     from vllm_seqhooks import get_hook_trace
-    from vllm_seqhooks.testing.forkjoin import Scripts, hook_llm
+    from tests.support.forkjoin import Scripts, hook_llm
 
     llm = hook_llm(model, max_num_batched_tokens=budget, max_model_len=1024,
                    enable_prefix_caching=False)

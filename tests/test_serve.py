@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-from vllm_seqhooks.testing.server import (
+from tests.support.server import (
     SCRIPTED,
     TINY_FLAGS,
     metric,
@@ -58,7 +58,7 @@ def client(server):
 def S(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from vllm_seqhooks.testing.scripted import encode_script
+    from vllm_seqhooks.scripted.processor import encode_script
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     return lambda text: encode_script(tok, text)

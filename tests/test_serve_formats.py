@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-from vllm_seqhooks.testing.server import SCRIPTED, TINY_FLAGS, start_server
+from tests.support.server import SCRIPTED, TINY_FLAGS, start_server
 
 BEFORE = "Let me think.<Parallel>"
 CHILDREN = {"0": "A is right</Path>ignored", "1": "B too"}
@@ -47,7 +47,7 @@ def client(server):
 def xargs(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from vllm_seqhooks.testing.scripted import encode_script
+    from vllm_seqhooks.scripted.processor import encode_script
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     S = lambda text: encode_script(tok, text)  # noqa: E731

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from vllm_seqhooks.testing.server import (
+from tests.support.server import (
     SCRIPTED,
     TINY_FLAGS,
     TINY_HOOK_FLAGS,
@@ -28,7 +28,7 @@ def test_multiprocess_serving(tiny_model_dir, tmp_path, topology):
     from openai import OpenAI
     from transformers import AutoTokenizer
 
-    from vllm_seqhooks.testing.scripted import encode_script
+    from vllm_seqhooks.scripted.processor import encode_script
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     S = lambda text: encode_script(tok, text)  # noqa: E731
@@ -82,8 +82,8 @@ def test_headless_data_parallel_rank(tiny_model_dir, tmp_path):
     from openai import OpenAI
     from transformers import AutoTokenizer
 
-    from vllm_seqhooks.testing.scripted import encode_script
-    from vllm_seqhooks.testing.server import free_port, start_server, vllm_command
+    from vllm_seqhooks.scripted.processor import encode_script
+    from tests.support.server import free_port, start_server, vllm_command
 
     import subprocess
 

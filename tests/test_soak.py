@@ -14,7 +14,7 @@ WAVES, PARENTS, CYCLES = 20, 50, 10  # 10,000 cycles
 
 
 def test_ten_thousand_fork_join_cycles(tiny_model_dir):
-    from vllm_seqhooks.testing.forkjoin import Scripts, hook_llm, kv_blocks_in_use, scheduler_of
+    from tests.support.forkjoin import Scripts, hook_llm, kv_blocks_in_use, scheduler_of
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

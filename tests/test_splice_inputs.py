@@ -11,8 +11,8 @@ import random
 import pytest
 
 from vllm_seqhooks.core.splice_inputs import SpliceInputs
-from vllm_seqhooks.testing import splice_oracle
-from vllm_seqhooks.testing.engine_modes import MODES, run_in_mode
+from tests.support import splice_oracle
+from tests.support.engine_modes import MODES, run_in_mode
 
 
 def test_copy_kv_slots_moves_each_token_where_the_backend_keeps_it():
@@ -58,7 +58,7 @@ def test_positions_shift_as_the_scheduler_asks(mode, tiny_model_dir):
     rng = random.Random(4)
     prompts = [[rng.randrange(9, 100) for _ in range(n)] for n in (9, 40, 71)]
     shift = -7  # (never below position 0, as after a join)
-    res = run_in_mode(mode, "vllm_seqhooks.testing.splice_probe:shifted_generation",
+    res = run_in_mode(mode, "tests.support.splice_probe:shifted_generation",
                       kwargs=dict(model=tiny_model_dir, prompts=prompts, max_tokens=12,
                                   shift=shift))
     assert res["use_v2_model_runner"] == (mode.runner == "v2")

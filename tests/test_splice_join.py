@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_seqhooks.testing import splice_families
-from vllm_seqhooks.testing.engine_modes import MODES, EngineMode, run_in_mode
+from tests.support import splice_families
+from tests.support.engine_modes import MODES, EngineMode, run_in_mode
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def _run(mode: EngineMode, model: str, **kwargs) -> dict:
     reason = mode.unavailable_reason()
     if reason:
         pytest.skip(reason)
-    return run_in_mode(mode, "vllm_seqhooks.testing.splice_families:run_families",
+    return run_in_mode(mode, "tests.support.splice_families:run_families",
                        kwargs=dict(model=model, families=FAMILIES, **kwargs))
 
 

@@ -22,7 +22,7 @@ from vllm_seqhooks.core.splice_layout import (
     positions,
     token_count,
 )
-from vllm_seqhooks.testing.training_masks import (
+from tests.support.training_masks import (
     multiverse_training_layout,
     npr_training_layout,
     parallel_r1_training_layout,

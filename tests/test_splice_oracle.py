@@ -10,7 +10,7 @@ import random
 import pytest
 
 from vllm_seqhooks.core.splice_layout import Parallel
-from vllm_seqhooks.testing import splice_oracle
+from tests.support import splice_oracle
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import pytest
 
 from vllm_seqhooks.config.field_checks import SpecialKwargsError
 from vllm_seqhooks.engine.vllm_private import SPLICE_INPUTS_ATTR
-from vllm_seqhooks.testing.sched_harness import EOS_ID as EOS
-from vllm_seqhooks.testing.sched_harness import child_id
+from tests.support.sched_harness import EOS_ID as EOS
+from tests.support.sched_harness import child_id
 
 from test_formats_engine import MODES, assert_idle, dec, enc, harness, hooks
 

@@ -43,7 +43,7 @@ def test_two_ranks_take_the_same_decisions(tmp_path):
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"{cpus[0]}|{cpus[1]}")
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     done = subprocess.run([torchrun, "--nproc-per-node", "2", "-m",
-                           "vllm_seqhooks.testing.spmd_rank", str(tmp_path)],
+                           "tests.support.spmd_rank", str(tmp_path)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]

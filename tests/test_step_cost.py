@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_seqhooks.testing.sched_harness import (
+from tests.support.sched_harness import (
     EOS_ID as EOS,
     PROMISE_END_ID as E,
     PROMISE_ID as P,
@@ -174,7 +174,7 @@ def test_a_child_hashes_only_the_blocks_it_does_not_share_with_its_parent(monkey
     the ones vLLM computes for the same prompt from scratch."""
     import vllm.v1.core.kv_cache_utils as kv_utils
 
-    from vllm_seqhooks.testing.sched_setup import block_hasher
+    from tests.support.sched_setup import block_hasher
 
     hashed: list[int] = []
     real_hash = kv_utils.hash_block_tokens
@@ -262,7 +262,7 @@ def test_shared_block_hashes_equal_vllms_own(child_prompt):
 
     from vllm_seqhooks.core.join_plan import common_prefix
     from vllm_seqhooks.engine.vllm_private import share_block_hashes
-    from vllm_seqhooks.testing.sched_setup import block_hasher
+    from tests.support.sched_setup import block_hasher
 
     def request(rid, tokens, hasher):
         return Request(request_id=rid, prompt_token_ids=list(tokens),
@@ -294,7 +294,7 @@ def test_shared_block_hashes_with_lookahead_equal_vllms_own(shared):
     from vllm.v1.request import Request
 
     from vllm_seqhooks.engine.vllm_private import share_block_hashes
-    from vllm_seqhooks.testing.sched_setup import block_hasher
+    from tests.support.sched_setup import block_hasher
 
     if "num_hash_lookahead_tokens" not in inspect.signature(get_request_block_hasher).parameters:
         pytest.skip("this vLLM release hashes no look-ahead tokens")

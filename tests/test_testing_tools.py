@@ -1,5 +1,5 @@
 """Tests of the offline testing tools: the tiny model and the scripted
-logits processor (vllm_seqhooks.testing)."""
+logits processor (tests.support)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_seqhooks.testing.tiny_model import (
+from vllm_seqhooks.scripted.tiny_model import (
     BOS_ID,
     EOS_ID,
     FIXED_TOKENS,
@@ -84,7 +84,7 @@ def test_build_deterministic_and_idempotent(tiny_model_dir, tmp_path):
 
 def test_cli(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "vllm_seqhooks.testing.tiny_model", str(tmp_path / "m")],
+        [sys.executable, "-m", "vllm_seqhooks.scripted.tiny_model", str(tmp_path / "m")],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -144,7 +144,7 @@ def test_chat_template(hf_tokenizer):
 
 
 def test_encode_script(hf_tokenizer, tiny_model_dir):
-    from vllm_seqhooks.testing.scripted import encode_script
+    from vllm_seqhooks.scripted.processor import encode_script
 
     ids = encode_script(hf_tokenizer, "ab<promise>xy</promise><sync>c</s>")
     assert ids == [
@@ -168,7 +168,7 @@ def test_encode_script(hf_tokenizer, tiny_model_dir):
 def _proc():
     import torch
 
-    from vllm_seqhooks.testing.scripted import ScriptedTokensLogitsProcessor
+    from vllm_seqhooks.scripted.processor import ScriptedTokensLogitsProcessor
 
     return ScriptedTokensLogitsProcessor(None, torch.device("cpu"), False)
 
@@ -251,7 +251,7 @@ def test_processor_unit_forcing_and_batch_moves():
 
 
 def test_processor_unit_children():
-    from vllm_seqhooks.testing.scripted import resolve_script
+    from vllm_seqhooks.scripted.processor import resolve_script
 
     base = dict(
         seqhooks_script=[1],
@@ -291,7 +291,7 @@ def test_processor_unit_children():
 
 
 def test_processor_step_delay_sleeps_the_largest_of_the_batch(monkeypatch):
-    from vllm_seqhooks.testing import scripted
+    from vllm_seqhooks.scripted import processor as scripted
 
     slept: list[float] = []
     monkeypatch.setattr(scripted.time, "sleep", slept.append)
@@ -309,7 +309,7 @@ def test_processor_step_delay_sleeps_the_largest_of_the_batch(monkeypatch):
 
 
 def test_processor_validation():
-    from vllm_seqhooks.testing.scripted import (
+    from vllm_seqhooks.scripted.processor import (
         ScriptedTokensLogitsProcessor,
         scripted_params,
     )
@@ -340,7 +340,7 @@ def test_processor_validation():
 
 
 def test_scripted_params_helper():
-    from vllm_seqhooks.testing.scripted import scripted_params
+    from vllm_seqhooks.scripted.processor import scripted_params
 
     p = scripted_params(
         [10, 11],
@@ -400,7 +400,7 @@ def engines(tiny_llm_kwargs):
     """
     from vllm import LLM
 
-    from vllm_seqhooks.testing.scripted import ScriptedTokensLogitsProcessor
+    from vllm_seqhooks.scripted.processor import ScriptedTokensLogitsProcessor
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -444,7 +444,7 @@ def test_sampling_never_emits_special_tokens(engines):
 
 
 def test_unscripted_request_unaffected(engines):
-    from vllm_seqhooks.testing.scripted import scripted_params
+    from vllm_seqhooks.scripted.processor import scripted_params
 
     llm, reference = engines
     # Alone ...
@@ -463,7 +463,7 @@ def test_unscripted_request_unaffected(engines):
 
 
 def test_script_forcing_then_eos(engines):
-    from vllm_seqhooks.testing.scripted import encode_script, scripted_params
+    from vllm_seqhooks.scripted.processor import encode_script, scripted_params
 
     llm, _ = engines
     script = encode_script(llm.get_tokenizer(), "ab<promise>xy</promise>c<sync>d")
@@ -475,7 +475,7 @@ def test_script_forcing_then_eos(engines):
 def test_hook_tokens_visible_in_vllm_text(engines):
     """Hook tokens are not special: vLLM's default skip_special_tokens=True
     keeps them in the text (marked special they would vanish)."""
-    from vllm_seqhooks.testing.scripted import encode_script, scripted_params
+    from vllm_seqhooks.scripted.processor import encode_script, scripted_params
 
     llm, _ = engines
     text = "ab<promise>xy</promise>c<sync>d"
@@ -486,7 +486,7 @@ def test_hook_tokens_visible_in_vllm_text(engines):
 
 
 def test_script_with_sampling_and_custom_stop(engines):
-    from vllm_seqhooks.testing.scripted import scripted_params
+    from vllm_seqhooks.scripted.processor import scripted_params
 
     llm, _ = engines
     (out,) = _gen(
@@ -499,7 +499,7 @@ def test_script_with_sampling_and_custom_stop(engines):
 
 
 def test_script_end_free(engines):
-    from vllm_seqhooks.testing.scripted import scripted_params
+    from vllm_seqhooks.scripted.processor import scripted_params
 
     llm, _ = engines
     params = scripted_params([PROMISE_ID, 40], end="free", max_tokens=12)
@@ -511,7 +511,7 @@ def test_script_end_free(engines):
 
 
 def test_sampled_before_offset(engines):
-    from vllm_seqhooks.testing.scripted import scripted_params
+    from vllm_seqhooks.scripted.processor import scripted_params
 
     llm, _ = engines
     (out,) = _gen(llm, ["hi"], scripted_params([40, 41, 42, 43], sampled_before=2))
@@ -521,7 +521,7 @@ def test_sampled_before_offset(engines):
 
 
 def test_two_scripts_in_one_batch(engines):
-    from vllm_seqhooks.testing.scripted import scripted_params
+    from vllm_seqhooks.scripted.processor import scripted_params
 
     llm, _ = engines
     outs = _gen(
@@ -545,7 +545,7 @@ def test_child_key_scripts_in_engine(engines):
     """Requests that look like scheduler-made children pick their script."""
     from vllm import SamplingParams
 
-    from vllm_seqhooks.testing.scripted import scripted_params
+    from vllm_seqhooks.scripted.processor import scripted_params
 
     llm, reference = engines
     parent = scripted_params(
@@ -605,7 +605,7 @@ def test_multiprocess_engine_with_fqcn(engines, tiny_llm_kwargs):
     from vllm import LLM, SamplingParams
     from vllm.exceptions import VLLMValidationError
 
-    from vllm_seqhooks.testing.scripted import (
+    from vllm_seqhooks.scripted.processor import (
         SCRIPTED_LOGITS_PROCESSOR_FQCN,
         scripted_params,
     )
@@ -643,7 +643,7 @@ def test_multiprocess_engine_with_fqcn(engines, tiny_llm_kwargs):
 
 
 def test_stale_cpu_tp_segments_are_removed_and_mapped_ones_kept(tmp_path):
-    from vllm_seqhooks.testing.cpu_shm import remove_stale_cpu_shm
+    from tests.support.cpu_shm import remove_stale_cpu_shm
 
     shm = tmp_path / "shm"
     shm.mkdir()

@@ -15,7 +15,7 @@ import json
 import pytest
 
 from vllm_seqhooks.tasks import threadweaver as task
-from vllm_seqhooks.testing import tiny_model as tm
+from vllm_seqhooks.scripted import tiny_model as tm
 
 # ------------------------------------------------------------------ pure
 
@@ -191,7 +191,7 @@ def test_served_with_seqhooks_auto(tmp_path):
     from openai import OpenAI
 
     from vllm_seqhooks.check import trained_engine_flags
-    from vllm_seqhooks.testing.server import start_server
+    from tests.support.server import start_server
 
     pool = task.heldout_problems(100, seed=777)
     # Two problems per fan-out (0, 2, 3, 4 children).

@@ -77,23 +77,6 @@ def test_a_changed_output_processor_is_reported(monkeypatch):
     assert any("make_request_output" in p for p in found)
 
 
-def test_ray_on_cpu_switch_api_is_present_and_checked(monkeypatch):
-    """What the test-only Ray switch patches (vllm_private/ray_on_cpu.py)
-    exists under the pin, and a change is reported by name."""
-    pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
-    from vllm.v1.executor import ray_executor_v2
-
-    from vllm_seqhooks.engine import vllm_private
-
-    assert vllm_private.ray_on_cpu_problems() == []
-    monkeypatch.setattr(ray_executor_v2.RayExecutorV2, "_get_actor_resource_kwargs",
-                        lambda self: {})
-    monkeypatch.delattr(ray_executor_v2.RayWorkerProc, "get_node_and_physical_gpu_ids")
-    found = vllm_private.ray_on_cpu_problems()
-    assert any("_get_actor_resource_kwargs" in p for p in found)
-    assert any("get_node_and_physical_gpu_ids" in p for p in found)
-
-
 # ----------------------------------------------------------- one port onto vLLM
 #: vLLM classes whose private methods and attributes the engine reaches.
 VLLM_CLASSES = (
@@ -269,7 +252,7 @@ def test_a_resumed_session_keeps_exactly_its_computed_tokens(uncomputed):
     from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
     from vllm_seqhooks.engine.vllm_private.sessions import resume_session
-    from vllm_seqhooks.testing.sched_setup import block_hasher
+    from tests.support.sched_setup import block_hasher
 
     req = Request(request_id="r", prompt_token_ids=list(range(10, 20)),
                   sampling_params=SamplingParams(max_tokens=20), pooling_params=None,

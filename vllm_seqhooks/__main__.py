@@ -102,8 +102,8 @@ def trained_demo(args: argparse.Namespace) -> int:
 
 def scripted_demo(args: argparse.Namespace) -> int:
     from vllm_seqhooks import format_tree
-    from vllm_seqhooks.testing.forkjoin import Scripts, hook_llm
-    from vllm_seqhooks.testing.tiny_model import build_tiny_model
+    from vllm_seqhooks.scripted.llm import Scripts, hook_llm
+    from vllm_seqhooks.scripted.tiny_model import build_tiny_model
 
     model = str(build_tiny_model(args.model or default_model_dir()))
     llm = hook_llm(model, hooks=dict(max_child_depth=2, merge_separator="; "))

@@ -74,7 +74,7 @@ def _client(url: str):
 def _drained(url: str, timeout: float = 30) -> tuple[bool, str]:
     """Whether the server holds nothing once idle: KV blocks, children,
     parked parents, requests."""
-    from vllm_seqhooks.testing.server import metric, scrape
+    from vllm_seqhooks.local_server import metric, scrape
 
     names = ("vllm:kv_cache_usage_perc", "vllm:seqhooks_open_children",
              "vllm:seqhooks_parked_requests", "vllm:num_requests_running",
@@ -98,8 +98,8 @@ def _token_ids(choice) -> list[int]:
 def scripted_checks(url: str, model: str, add: Callable[..., None]) -> None:
     from transformers import AutoTokenizer
 
-    from vllm_seqhooks.testing.scripted import encode_script
-    from vllm_seqhooks.testing.tiny_model import EOS_ID
+    from vllm_seqhooks.scripted.processor import encode_script
+    from vllm_seqhooks.scripted.tiny_model import EOS_ID
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     ids = lambda text: encode_script(tokenizer, text)  # noqa: E731
@@ -170,13 +170,14 @@ def trained_checks(outputs, problems, add: Callable[..., None]) -> None:
 
 # -------------------------------------------------------------------- main
 def run(args: argparse.Namespace) -> list[Result]:
-    from vllm_seqhooks.testing.scripted import (
+    from vllm_seqhooks.scripted.processor import (
         SCRIPTED_LOGITS_PROCESSOR_FQCN,
         SCRIPTED_LOGITS_PROCESSOR_V2_FQCN,
     )
-    from vllm_seqhooks.testing.server import TINY_HOOK_FLAGS, start_server
-    from vllm_seqhooks.testing.tiny_model import build_tiny_model
-    from vllm_seqhooks.testing.v2_runner import uses_v2_model_runner
+    from vllm_seqhooks.local_server import start_server
+    from vllm_seqhooks.scripted.tiny_model import TINY_HOOK_FLAGS
+    from vllm_seqhooks.scripted.tiny_model import build_tiny_model
+    from vllm_seqhooks.scripted.runner_choice import uses_v2_model_runner
 
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="seqhooks-check-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -233,7 +234,7 @@ def _trained_configs(serve: Callable[..., None], num_problems: int) -> None:
     serve("trained", trained, trained_flags, trained_body)
 
     def speculative_body(url, add):
-        from vllm_seqhooks.testing.server import metric, scrape
+        from vllm_seqhooks.local_server import metric, scrape
 
         outputs = trained_outputs(url, trained, problems)
         drafts = metric(scrape(url), "vllm:spec_decode_num_draft_tokens_total")
@@ -265,14 +266,11 @@ def describe_machine() -> str:
     import vllm
     from vllm.platforms import current_platform
 
-    from vllm_seqhooks.testing.v2_runner import uses_v2_model_runner
-
-    import vllm_seqhooks.native as native
+    from vllm_seqhooks.scripted.runner_choice import uses_v2_model_runner
 
     runner = "V2" if uses_v2_model_runner(None) else "V1"
-    kernels = "built" if native.rows is not None else f"not used: {native.why_not}"
     return (f"vLLM {vllm.__version__} on {current_platform.device_name or 'cpu'}; "
-            f"model runner {runner} by default; compiled kernels {kernels}")
+            f"model runner {runner} by default")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,9 +16,11 @@ docs/benchmarks/attention_order.md and README.md).
 :class:`FamilyGrouping` computes the permutation that groups a batch by
 family (the top-level request and all its descendants), leaving each
 family's block where most of it already is and moving only members outside
-their family's block. Each step is one call of the compiled kernels'
-``Grouping.moves`` (``vllm_seqhooks.native``) where they are built, else of
-:func:`group_in_python` (the same results: ``tests/test_native.py``).
+their family's block, with :func:`group_in_python` each step. (Compiled
+kernels for this and for the row moves were tried and removed: grouping is
+about 1.5 % of the scheduler's time a step, and the end-to-end time of the
+engine-step workload did not move beyond its A/A noise with them;
+docs/benchmarks/engine_step.md.)
 ``vllm_private.install_family_batch_order`` applies it to the V1 model
 runner's persistent batch before each step in which a request entered it or
 was moved, in one pass over the batch's arrays (``vllm_private.input_batch``)
@@ -41,7 +43,6 @@ from collections.abc import Iterable
 from itertools import compress
 from operator import attrgetter, is_not, ne
 
-import vllm_seqhooks.native as native
 from vllm_seqhooks.core.request_tree import CHILD_ID_MARKER
 
 
@@ -67,13 +68,6 @@ class FamilyGrouping:
         self._forget_after = forget_after
         self._ids: list[str] = []
         self._codes: list[int] = []
-        #: The compiled step (it keeps the batch and its codes), or None.
-        self._compiled = None
-        kernels = native.rows
-        if kernels is not None:
-            self._compiled = kernels.Grouping(CHILD_ID_MARKER, self._code_of_request,
-                                              self._code_of_family, forget_after)
-            self.moves = self._compiled.moves  # each step one C call
 
     def moves(self, request_ids: list[str]) -> Moves | None:
         """The moves that group ``request_ids`` by family, or None when
@@ -89,11 +83,7 @@ class FamilyGrouping:
 
     def codes(self, request_ids: list[str]) -> list[int]:
         """Each request's family as an integer (the same for one family)."""
-        if self._compiled is not None:
-            ids, codes = self._compiled.seen, self._compiled.codes()
-        else:
-            ids, codes = self._ids, self._codes
-        return read_codes_in_python(request_ids, ids, codes, self._code_of_request,
+        return read_codes_in_python(request_ids, self._ids, self._codes, self._code_of_request,
                                     self._code_of_family)[0]
 
 

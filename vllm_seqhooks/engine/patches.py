@@ -48,13 +48,6 @@ patch                  what, why, when installed, when it can go
                        Installed with the family batch order. Nothing to do
                        in a step without any. Can go when vLLM lets a
                        scheduler give requests position offsets and copy KV.
-``ray_on_cpu``         Test-only, with ``SEQHOOKS_TEST_RAY_ON_CPU=1``: the CPU
-                       platform's Ray device key, the Ray worker actors'
-                       resources and device ids
-                       (:mod:`.vllm_private.ray_on_cpu`), so that hooks are
-                       tested on vLLM's Ray executor without GPUs. Installed
-                       by the entry point in every vLLM process. Can go when
-                       vLLM's CPU platform supports Ray.
 =====================  ==========================================================
 """
 
@@ -77,7 +70,6 @@ def install_plugin_patches() -> None:
     when_imported("vllm.v1.engine.input_processor", _install_request_validation_logged)
     when_imported("vllm.v1.engine.output_processor", _install_completion_traces_logged)
     _install_serve_flags()
-    _install_ray_on_cpu_if_asked()
 
 
 def install_frontend_patches() -> None:
@@ -100,17 +92,6 @@ def install_worker_patches() -> bool:
     ordered = vllm_private.install_family_batch_order()
     seeded = vllm_private.install_cpu_seed_fix()
     return vllm_private.install_splice_inputs() and ordered and seeded
-
-
-def _install_ray_on_cpu_if_asked() -> None:
-    from vllm_seqhooks.engine.vllm_private.ray_on_cpu import (
-        install_ray_on_cpu,
-        ray_on_cpu_requested,
-    )
-
-    if ray_on_cpu_requested() and not install_ray_on_cpu():
-        logger.warning("SEQHOOKS_TEST_RAY_ON_CPU=1 ignored: not vLLM's CPU platform, "
-                       "or Ray is not installed")
 
 
 def _install_request_validation_logged() -> None:

@@ -26,7 +26,7 @@ native engine's ``"text"`` boundaries are checked against
 The loop talks to a :class:`Completions`: :class:`VllmCompletions` sends
 each call to a stock ``vllm.LLM`` (setting the keys the scripted test models
 read, ``seqhooks_sampled_before`` and ``seqhooks_child_key``, as the engine
-sets them); :class:`vllm_seqhooks.testing.text_completions.ScriptedCompletions`
+sets them); ``ScriptedCompletions`` of the repository's ``tests/support/text_completions.py``
 replays scripted tokens without a model.
 """
 

@@ -101,8 +101,8 @@ MODEL_SETTINGS: dict[str, Any] = {
 
 def hook_settings(**overrides: Any) -> dict[str, Any]:
     """``special_kwargs`` for the model (token ids of
-    :mod:`vllm_seqhooks.testing.tiny_model`'s tokenizer)."""
-    from vllm_seqhooks.testing.tiny_model import PROMISE_END_ID, PROMISE_ID, SYNC_ID
+    :mod:`vllm_seqhooks.scripted.tiny_model`'s tokenizer)."""
+    from vllm_seqhooks.scripted.tiny_model import PROMISE_END_ID, PROMISE_ID, SYNC_ID
 
     settings = dict(
         sync_token_id=SYNC_ID,

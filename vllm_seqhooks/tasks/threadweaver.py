@@ -21,7 +21,7 @@ A problem is 1 to ``MAX_LEN`` (16) digits; the prompt is ``"sort 3917425="``.
   and the parent writes ``1234579</Conclusion>\\n</Parallel></s>``.
 
 Every tag is one token of the model's tokenizer (:data:`TAGS`, added to the
-character tokenizer of :mod:`vllm_seqhooks.testing.tiny_model`).  The token
+character tokenizer of :mod:`vllm_seqhooks.scripted.tiny_model`).  The token
 ids of the training sequences are laid out by the engine's own format code
 (:func:`sequences`): the fork found by
 :class:`~vllm_seqhooks.formats.tag_format_scanner.TagFormatScanner`, child prompts by

@@ -12,8 +12,7 @@ implemented here too; they are listed, and installed, by
 :mod:`.scheduler`, :mod:`.runner` (the model runners, in worker processes),
 :mod:`.input_batch` (the V1 runner's persistent batch permuted in one pass),
 :mod:`.cpu_seeds` (seeded split prefills on the V1 CPU runner),
-:mod:`.frontend`, and :mod:`.ray_on_cpu` (a test-only switch that lets the CPU
-platform run vLLM's Ray executor). The scheduler's side also has
+and :mod:`.frontend`. The scheduler's side also has
 :mod:`.sessions` (parking through vLLM's streaming-input sessions, with the
 assumptions it relies on, checked here), :mod:`.scheduler_calls` (the other
 private ``Scheduler`` methods the engine's parts call), :mod:`.scheduler_port`
@@ -43,11 +42,6 @@ from vllm_seqhooks.engine.vllm_private.frontend import (
     install_per_completion_traces,
     install_request_validator,
     output_processor_problems,
-)
-from vllm_seqhooks.engine.vllm_private.ray_on_cpu import (
-    install_ray_on_cpu,
-    ray_on_cpu_problems,
-    ray_on_cpu_requested,
 )
 from vllm_seqhooks.engine.vllm_private.runner import (
     SPLICE_INPUTS_ATTR,
@@ -92,8 +86,7 @@ __all__ = [
     "children_first_queue", "hash_lookahead_tokens", "copy_kv_slots", "hit_with_partial_block", "cpu_seed_problems",
     "input_batch_problems", "input_processor_problems", "permute_input_batch",
     "install_cpu_seed_fix",
-    "install_family_batch_order", "install_ray_on_cpu", "ray_on_cpu_problems",
-    "ray_on_cpu_requested", "install_per_completion_traces", "install_request_validator",
+    "install_family_batch_order", "install_per_completion_traces", "install_request_validator",
     "install_splice_inputs", "output_processor_problems",
     "model_runner_problems", "problems", "runner_kv_caches", "salt_block_hashes", "scheduler_problems",
     "world_cpu_group",

@@ -8,33 +8,25 @@ them each gained a child needs 30-200 such pairs (``benchmarks.engine_step``).
 the same change to every moved row at once and records the same pairs in
 ``batch_update_builder.moved`` (what the logits processors replay), so that
 what the model, the sampler and the logits processors read afterwards is
-what the pairs would have left: with one call of the compiled kernels'
-``BatchRows.permute`` (``vllm_seqhooks.native``; it holds the batch's
-lists and arrays, made once per batch) where they are built, else with one
-numpy operation per field.
+what the pairs would have left, with one numpy operation per field.
 
 It reproduces the pinned vLLM's ``swap_states``: the sources it follows are
-pinned by digest (:data:`PINNED_SOURCES`), and the fields it holds must be
-made only by ``InputBatch.__init__``; on any other source (another vLLM,
+pinned by digest (:data:`PINNED_SOURCES`), and the fields it moves must be
+made by ``InputBatch.__init__``; on any other source (another vLLM,
 or a runner whose batch overrides them) it warns once and exchanges the
 pairs with ``swap_states`` itself. ``tests/test_input_batch_permute.py``
-checks every field of a real batch against ``swap_states``, with the
-compiled kernels and without.
+checks every field of a real batch against ``swap_states``.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import inspect
 import logging
-import textwrap
-import weakref
 from collections import deque
 
 import numpy as np
 
-import vllm_seqhooks.native as native
 from vllm_seqhooks.core.batch_order import Moves, moves_as_swaps
 
 #: sha256 (first 16 hex digits) of the sources whose effect the one-pass
@@ -90,33 +82,6 @@ def input_batch_problems(batch_cls: type | None = None) -> list[str]:
                  *SAMPLING_ROW_DICTS, "req_id_to_index", "allowed_token_ids_mask_cpu_tensor"):
         if f"self.{name}" not in init:
             found.append(f"InputBatch no longer has {name}")
-    # What is kept per batch (_rows_of) must stay the objects __init__ made.
-    for cls, names in ((InputBatch, (*ROW_LISTS, *ROW_ARRAYS, *TOKEN_ROWS, *SAMPLING_ROW_ARRAYS,
-                                     "replayssm_decode_base", "use_replayssm", "block_table",
-                                     "is_pooling_model", "req_id_to_index", *ROW_DICTS,
-                                     *SAMPLING_ROW_DICTS)),
-                       (MultiGroupBlockTable, ("block_tables",)),
-                       (BlockTable, ("block_table", "num_blocks_per_row"))):
-        for name in _assigned_after_init(cls, names):
-            found.append(f"{cls.__name__} assigns {name} after __init__")
-    return found
-
-
-def _assigned_after_init(cls: type, names: tuple[str, ...]) -> list[str]:
-    """Which of ``names`` a method of ``cls`` other than ``__init__``
-    assigns (``self.name = ...``)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    found = []
-    for method in ast.walk(tree):
-        if not isinstance(method, ast.FunctionDef) or method.name == "__init__":
-            continue
-        for node in ast.walk(method):
-            targets = (node.targets if isinstance(node, ast.Assign)
-                       else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign))
-                       else [])
-            found += [t.attr for t in targets
-                      if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
-                      and t.value.id == "self" and t.attr in names]
     return found
 
 
@@ -137,20 +102,7 @@ def permute_input_batch(batch, moves: Moves, max_drafts: int | None = None) -> N
     # and draft tokens): here the longest of the moved rows (or more).
     if max_drafts is None:
         max_drafts = max(map(len, map(batch.spec_token_ids.__getitem__, from_rows)))
-    kernels = native.rows
-    if kernels is None:
-        _permute_in_python(batch, moves, max_drafts)
-        return
-    last, rows = _last_rows
-    if last() is not batch:
-        rows = _rows_of(batch, kernels)
-    if batch.is_pooling_model:
-        rows.permute(to_rows, from_rows, max_drafts)
-        return
-    rows.permute(to_rows, from_rows, max_drafts, batch.batch_update_builder.moved,
-                 _SWAP if _SWAP is not None else _swap_tag())
-    if batch.allowed_token_ids_mask_cpu_tensor is not None:
-        _permute_mask(batch, to_rows, from_rows)
+    _permute_rows(batch, moves, max_drafts)
 
 
 def check_one_pass(batch_cls: type | None = None) -> bool:
@@ -175,8 +127,8 @@ def _one_pass_allowed(batch_cls: type) -> bool:
     return allowed
 
 
-def _permute_in_python(batch, moves: Moves, max_drafts: int) -> None:
-    """What the compiled ``BatchRows.permute`` does, with numpy and Python."""
+def _permute_rows(batch, moves: Moves, max_drafts: int) -> None:
+    """Every moved row's fields, one numpy operation (or list pass) per field."""
     to_rows, from_rows = moves
     pooling = batch.is_pooling_model
     dst, src = np.array(to_rows), np.array(from_rows)
@@ -236,37 +188,6 @@ def _row_arrays(batch, pooling: bool) -> list:
     if not pooling:
         arrays += (getattr(batch, name) for name in SAMPLING_ROW_ARRAYS)
     return arrays
-
-
-#: What the compiled permutation moves, per batch (:func:`_rows_of`), and
-#: the last batch asked for with its own (a runner has one batch).
-_ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_last_rows: tuple = (lambda: None, None)
-
-
-def _rows_of(batch, kernels):
-    """The compiled kernels' view of ``batch`` (``BatchRows``): its per-row
-    lists, token rows and arrays whose rows move whole. The same objects for
-    the batch's life (its ``__init__`` makes them and no other method
-    replaces them: :func:`input_batch_problems`), so it is kept while the
-    batch lives."""
-    global _last_rows
-    rows = _ROWS.get(batch)
-    if rows is None:
-        rows = _ROWS[batch] = kernels.BatchRows(
-            lists=tuple(getattr(batch, name) for name in ROW_LISTS),
-            token_rows=tuple(getattr(batch, name) for name in TOKEN_ROWS),
-            whole_rows=tuple(_row_arrays(batch, batch.is_pooling_model)),
-            counts=batch.num_tokens_no_spec, index=batch.req_id_to_index, keys=batch._req_ids,
-            dicts=tuple(_row_dicts(batch, batch.is_pooling_model)))
-    _last_rows = (weakref.ref(batch, _forget_last_rows), rows)
-    return rows
-
-
-def _forget_last_rows(_dead) -> None:
-    """The last batch is gone: let its arrays go too."""
-    global _last_rows
-    _last_rows = (lambda: None, None)
 
 
 def _permute_array(array, dst, src) -> None:

@@ -104,7 +104,6 @@ def install_family_batch_order() -> bool:
 
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    import vllm_seqhooks.native as native
     from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY
     from vllm_seqhooks.core.batch_order import FamilyGrouping
     from vllm_seqhooks.engine.vllm_private.input_batch import check_one_pass, permute_input_batch
@@ -128,10 +127,6 @@ def install_family_batch_order() -> bool:
             enabled = bool(hooks) and hooks.get("batch_order", "family") == "family"
             grouping = state[_GROUPING] = FamilyGrouping() if enabled else False
             state[_BACKEND_MOVED] = False
-            if enabled and native.rows is None:
-                logging.getLogger("vllm.seqhooks").info(
-                    "vllm-seqhooks: grouping families in the batch with the Python "
-                    "implementation (slower; the compiled kernels: %s)", native.why_not)
         if grouping is False:
             return original(self, scheduler_output)
         batch = self.input_batch

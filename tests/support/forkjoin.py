@@ -1,0 +1,39 @@
+"""What tests and benchmarks reach inside an in-process engine on the tiny
+model; the scripted fork/join helpers themselves are the product's
+(:mod:`vllm_seqhooks.scripted.llm`), re-exported here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_seqhooks.scripted.llm import (  # noqa: F401 (re-exported)
+    TINY_HOOKS,
+    Scripts,
+    hook_llm,
+    scripted_engine_kwargs,
+    scripted_processor_for,
+)
+
+
+def engine_core_of(llm: Any):
+    """The in-process EngineCore of ``llm`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    core = llm.llm_engine.engine_core
+    inner = getattr(core, "engine_core", None)
+    if inner is None:
+        raise RuntimeError("the engine runs in another process (multiprocessing on)")
+    return inner
+
+
+def model_runner_of(llm: Any):
+    """The model runner of an in-process engine with one worker."""
+    return engine_core_of(llm).model_executor.driver_worker.worker.model_runner
+
+
+def scheduler_of(llm: Any):
+    return engine_core_of(llm).scheduler
+
+
+def kv_blocks_in_use(llm: Any) -> int:
+    """KV blocks held by requests (cached-but-free blocks are not in use)."""
+    pool = scheduler_of(llm).kv_cache_manager.block_pool
+    return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()

@@ -1,0 +1,37 @@
+"""A scripted family asked with ``logprobs`` on the tiny model, in the
+calling process's engine mode (tests/test_hook_logprobs.py runs it in each
+mode): its tokens, each token's row, and its rollout rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def run_family(model: str, spec: dict[str, Any], script: str,
+               children: dict[str, str]) -> dict[str, Any]:
+    import os
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm_seqhooks import rollout
+    from vllm_seqhooks.core.trace import raw_trace
+    from vllm_seqhooks.llm import LLM
+    from tests.support.forkjoin import Scripts, scheduler_of, scripted_engine_kwargs
+
+    llm = LLM(model, special_kwargs=spec, **scripted_engine_kwargs(model))
+    S = Scripts(llm.get_tokenizer())
+    params = S.params(script, children, max_tokens=200, logprobs=2)
+    (out,) = llm.generate(["Q: one"], params, use_tqdm=False)
+    comp = out.outputs[0]
+    sizes = scheduler_of(llm).hook_state_sizes()
+    (row,) = rollout.training_rows(out)
+    return {
+        "token_ids": list(comp.token_ids),
+        "rows": [{str(t): e.logprob for t, e in entry.items()} for entry in comp.logprobs],
+        "cumulative_logprob": comp.cumulative_logprob,
+        "row": row,
+        "calls": rollout.per_call_rows(out),
+        "modes": [j["mode"] for j in raw_trace(out)["joins"]],
+        "joins": [{"at": j["at"], "splice_paths": j.get("splice_paths")}
+                  for j in raw_trace(out)["joins"]],
+        "leftover": {k: v for k, v in sizes.items() if v},
+    }

@@ -1,0 +1,92 @@
+"""Start and stop a real ``vllm serve`` on 127.0.0.1 and read its
+``/metrics`` (the install check; tests, benchmarks and examples use it too).
+No vLLM import."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+def vllm_command() -> str:
+    """The ``vllm`` console script next to this interpreter."""
+    return str(Path(sys.executable).with_name("vllm"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text()[-n:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def start_server(model: str, *flags: str, log_path: str | os.PathLike,
+                 timeout: float = 300, env: dict[str, str] | None = None) -> Server:
+    """``vllm serve model *flags`` on a free port of 127.0.0.1; returns once
+    ``/health`` answers (raises with the log's tail if it exits or times out)."""
+    import requests
+
+    port = free_port()
+    log_path = Path(log_path)
+    cmd = [vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port), *flags]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env)
+    server = Server(f"http://127.0.0.1:{port}", proc, log_path)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{server.log_tail()}")
+        try:
+            if requests.get(server.url + "/health", timeout=2).status_code == 200:
+                return server
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    server.stop()
+    raise RuntimeError(f"vllm serve did not become healthy:\n{server.log_tail()}")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """``/metrics`` as {"name{labels}": value}."""
+    import requests
+
+    out = {}
+    for line in requests.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, _, value = line.rpartition(" ")
+        out[key] = float(value)
+    return out
+
+
+def metric(samples: dict[str, float], name: str) -> float:
+    """Sum of a metric over its label sets."""
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))

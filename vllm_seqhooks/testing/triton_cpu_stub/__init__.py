@@ -1,3 +1,0 @@
-"""A directory to put first on ``PYTHONPATH``: its ``sitecustomize`` registers
-a stub ``"cpu"`` Triton backend at interpreter start-up (see
-``sitecustomize.py`` and :mod:`vllm_seqhooks.testing.v2_runner`)."""
