@@ -120,7 +120,7 @@ def profiles() -> dict[str, Profile]:
 
 def run(profile: Profile, workloads: list[str], out_dir: Path | None, argv: list[str],
         log=print, threads: int | None = 1, cache_dir: Path | None = None,
-        update: bool = False) -> dict[str, Any]:
+        update: bool = False, timeout_s: float = 900.0) -> dict[str, Any]:
     setup_env(threads)
     t_start = time.perf_counter()
     profile.model = bench_model(profile.size, profile.dtype, cache_dir)
@@ -131,7 +131,7 @@ def run(profile: Profile, workloads: list[str], out_dir: Path | None, argv: list
                max_num_batched_tokens=profile.max_num_batched_tokens,
                repeats=profile.repeats)
     log(f"benchmarks ({profile.name}): {env['model']}; {env['cpu']}, {env['cores']} cores")
-    bench = Bench(profile, log)
+    bench = Bench(profile, log, timeout_s)
     bench.prime()
     results: dict[str, Any] = {"environment": env, "workloads": {}}
     from benchmarks import forkjoin, memory, overhead, parallel
@@ -236,11 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [w for w in workloads if w not in WORKLOADS]
     if bad:
         parser.error(f"unknown workload(s) {bad}; choose from {WORKLOADS}")
-    from benchmarks import loop
-
-    loop.DRIVE_TIMEOUT_S = args.timeout
     results = run(profile, workloads, args.out, argv, threads=args.threads,
-                  cache_dir=args.cache_dir, update=args.update)
+                  cache_dir=args.cache_dir, update=args.update, timeout_s=args.timeout)
     ok = all_correct(results)
     if not ok:
         print("ERROR: some configuration produced unexpected tokens", file=sys.stderr)

@@ -120,7 +120,7 @@ def kv_bytes_per_token(path: Path, dtype: str) -> int:
 
 #: The hook tokens of the benchmark models (same ids as the tiny model).
 def hook_settings() -> dict[str, Any]:
-    from tests.support.forkjoin import TINY_HOOKS
+    from vllm_seqhooks.scripted.llm import TINY_HOOKS
 
     return dict(TINY_HOOKS)
 
@@ -197,9 +197,13 @@ class Bench:
     """One benchmark run: the profile, a log, and the engines, each created
     once (on first use) and reused by every workload that needs it."""
 
-    def __init__(self, profile: Profile, log: Callable[[str], None] = print) -> None:
+    def __init__(self, profile: Profile, log: Callable[[str], None] = print,
+                 timeout_s: float = 900.0) -> None:
         self.profile = profile
         self.log = log
+        #: Seconds after which one run is aborted (a stuck engine must not
+        #: hang a benchmark run); ``--timeout``.
+        self.timeout_s = timeout_s
         self.engines: dict[str, Any] = {}
         self.probes: dict[str, "EngineProbe"] = {}
         self.engine_info: dict[str, dict[str, Any]] = {}

@@ -11,22 +11,30 @@ on every run).
 Configurations (engines are created once and reused for the whole grid):
 
 * ``native``: ``vllm_seqhooks.LLM`` with hooks;
-* ``loop``: :class:`benchmarks.loop.EventLoopClient` over stock ``vllm.LLM``,
-  children sent when the parent stops at ``<sync>``;
-* ``eager``: the same client, children sent as soon as their payload closes
-  (streamed parent output);
-* ``lockstep``: the project's ``ClientLoop`` (blocking ``generate`` per round).
+* ``loop``: the project's client loop over stock ``vllm.LLM``
+  (:class:`vllm_seqhooks.loops.promise_loop.ClientLoop`, ``mode="events"``):
+  every request sent the moment the client knows it, children when the
+  parent stops at ``<sync>``;
+* ``eager``: the same client streaming the parent's output, each child sent
+  as soon as its payload closes (``mode="stream"``);
+* ``lockstep``: the same client, one blocking ``generate`` per round
+  (``mode="lockstep"``);
+* ``arrival``: ``native`` with vLLM's own batch order.
 
 Both engines have prefix caching on, the same block size, batch limits and KV
 cache size; the prefix cache is reset before every run. Counters come from
-:class:`benchmarks.common.EngineProbe` on each engine.
+:class:`benchmarks.common.EngineProbe` on each engine. Native runs go through
+the same engine step loop as the client's
+(:func:`vllm_seqhooks.loops.stepping.drive`, the loop ``LLM.generate``
+runs) and the same ``add_request`` path.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from benchmarks.common import (
     Bench,
@@ -39,9 +47,14 @@ from benchmarks.common import (
     median,
     spread,
 )
-from benchmarks.loop import EventLoopClient, ScriptedClientLoop, run_native
+from vllm_seqhooks.loops.promise_loop import ClientLoop
+from vllm_seqhooks.loops.stepping import drive
 
 CONFIGS = ("native", "loop", "eager", "lockstep", "arrival")
+#: The client loop's mode of each loop configuration.
+LOOP_MODES = {"loop": "events", "eager": "stream", "lockstep": "lockstep"}
+
+_native_runs = itertools.count()
 
 
 def engines(bench: Bench) -> tuple[Any, Any]:
@@ -54,6 +67,18 @@ def engines(bench: Bench) -> tuple[Any, Any]:
     bench.probe("stock_scripted")
     warm_up(bench, ("native", "stock_scripted"))
     return native, stock
+
+
+def arrival_engine(bench: Bench) -> None:
+    """``native_arrival``: native hooks with vLLM's own batch order (no
+    family grouping), after one unmeasured run."""
+    if "native_arrival" in bench.engines:
+        return
+    bench.engine("native_arrival", "hooks-arrival",
+                 kv_tokens=bench.profile.settings["engines"]["kv_tokens"], scripted=True)
+    bench.probe("native_arrival", track_parked=True)
+    sep = list(bench.engines["native_arrival"].special_kwargs.merge_separator_token_ids or ())
+    run_one(bench, "arrival", families(WARM_UP, -1, sep))  # warm-up, unmeasured
 
 
 WARM_UP = dict(context=96, k=2, batch=2, payload=2, continuation=4, child_tokens=8)
@@ -89,6 +114,33 @@ def sampled_tokens(fams) -> int:
                for f in fams)
 
 
+def run_native(llm: Any, prompts: Sequence[Sequence[int]], params: Sequence[Any], *,
+               timeout_s: float | None = None) -> tuple[float, list[Any], list[float]]:
+    """Parents through the native engine, stepped like the client loop's
+    (:func:`~vllm_seqhooks.loops.stepping.drive`): (seconds, final
+    outputs in prompt order, each one's finish time in seconds)."""
+    from vllm.sampling_params import RequestOutputKind
+
+    tag = next(_native_runs)
+    finals: dict[str, Any] = {}
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    reqs = []
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        sp = sp.clone()
+        sp.output_kind = RequestOutputKind.FINAL_ONLY
+        reqs.append((f"n{tag}-{i}", p, sp))
+
+    def on_output(out: Any):
+        if out.finished:
+            finals[out.request_id] = out
+            times[out.request_id] = time.perf_counter() - t0
+        return ()
+
+    secs = drive(llm, reqs, on_output, timeout_s)
+    return secs, [finals[rid] for rid, _, _ in reqs], [times[rid] for rid, _, _ in reqs]
+
+
 def run_one(bench: Bench, config: str, fams, *, engine_names=("native", "stock_scripted")
             ) -> dict[str, Any]:
     """One run of ``fams`` through ``config``; returns its measurements."""
@@ -106,30 +158,23 @@ def run_one(bench: Bench, config: str, fams, *, engine_names=("native", "stock_s
     if config in ("native", "arrival"):
         sched = probe.sched
         before = sched.hook_stats
-        secs, outs, finish = run_native(llm, prompts, params)
+        secs, outs, finish = run_native(llm, prompts, params, timeout_s=bench.timeout_s)
         after = sched.hook_stats
         tokens = [list(o.outputs[0].token_ids) for o in outs]
         join_prefill = after["join_prefill_tokens"] - before["join_prefill_tokens"]
         extra = {k: after[k] - before[k] for k in
                  ("children_spawned", "joins", "spills", "preemptions", "fork_cached_tokens",
                   "join_reused_tokens")}
-    elif config in ("loop", "eager"):
-        client = EventLoopClient(llm, hook_settings(),
-                                 spawn_at="sync" if config == "loop" else "payload")
-        secs, outs = client.generate(prompts, params)
+    elif config in LOOP_MODES:
+        loop = ClientLoop(llm, hook_settings(), mode=LOOP_MODES[config],
+                          timeout_s=bench.timeout_s)
+        outs = loop.generate([{"prompt_token_ids": list(p)} for p in prompts], params)
+        secs = loop.stats["seconds"]
         tokens = [o.token_ids for o in outs]
         finish = [o.finish_time for o in outs]
         join_prefill = sum(o.join_prefill_tokens for o in outs)
         extra = {"rounds": sum(o.rounds for o in outs),
                  "cached_tokens": sum(o.cached_tokens for o in outs)}
-    elif config == "lockstep":
-        loop = ScriptedClientLoop(llm, hook_settings())
-        t0 = time.perf_counter()
-        res = loop.generate([{"prompt_token_ids": list(p)} for p in prompts], params)
-        secs = time.perf_counter() - t0
-        tokens = [r.token_ids for r in res]
-        finish = [secs] * len(res)
-        extra = {"rounds": loop.stats.get("rounds")}
     else:
         raise ValueError(config)
     cpu = time.process_time() - cpu0
@@ -206,12 +251,8 @@ def run(bench: Bench) -> dict[str, Any]:
     for spec in st["points"]:
         point = {**st["shape"], **spec}
         configs = [c for c in spec.get("configs", st["configs"])]
-        if "arrival" in configs and "native_arrival" not in bench.engines:
-            # native hooks with vLLM's own batch order (no family grouping)
-            bench.engine("native_arrival", "hooks-arrival",
-                         kv_tokens=bench.profile.settings["engines"]["kv_tokens"], scripted=True)
-            bench.probe("native_arrival", track_parked=True)
-            run_one(bench, "arrival", families(WARM_UP, -1, sep))  # warm-up, unmeasured
+        if "arrival" in configs:
+            arrival_engine(bench)
         repeats = spec.get("repeats", bench.profile.repeats)
         bench.log(f"  forkjoin context={point['context']} k={point['k']} "
                   f"batch={point['batch']} m={point['child_tokens']} "

@@ -18,8 +18,7 @@ import time
 from typing import Any
 
 from benchmarks.common import Bench, family_params, interleaved, spread
-from benchmarks.forkjoin import engines, families, sampled_tokens
-from benchmarks.loop import run_native
+from benchmarks.forkjoin import engines, families, run_native, sampled_tokens
 from vllm_seqhooks.scripted.tiny_model import EOS_ID
 
 CONFIGS = ("forked", "sequential")
@@ -46,7 +45,8 @@ def run(bench: Bench) -> dict[str, Any]:
             llm.reset_prefix_cache()
             probe.reset()
             cpu0 = time.process_time()
-            secs, outs, _ = run_native(llm, [f.prompt for f in fams], params)
+            secs, outs, _ = run_native(llm, [f.prompt for f in fams], params,
+                                       timeout_s=bench.timeout_s)
             cpu = time.process_time() - cpu0
             c = probe.take()
             if seq:

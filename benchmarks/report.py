@@ -183,11 +183,12 @@ def markdown(results: dict[str, Any], chart: str | None) -> str:
             add("### Other client loops (same points)\n")
             add("`eager`: the same event-driven client, but it streams the parent's output "
                 "and sends each child as soon as its `</promise>` appears. `lockstep`: the "
-                "project's `vllm_seqhooks.loops.promise_loop.ClientLoop` (one blocking "
-                "`LLM.generate` call per round for all parents, then one for all children; "
-                "run through `benchmarks.loop.ScriptedClientLoop`, which only adds the "
-                "scripted-token keys). `arrival`: native hooks with `batch_order=\"arrival\"`, "
-                "i.e. without the grouping of each family in the model's batch.\n")
+                "same client in lockstep rounds (one blocking `LLM.generate` call per round "
+                "for all parents, then one for all children). All three are the project's "
+                "`vllm_seqhooks.loops.promise_loop.ClientLoop` (`mode=\"events\"`, "
+                "`\"stream\"`, `\"lockstep\"`). `arrival`: native hooks with "
+                "`batch_order=\"arrival\"`, i.e. without the grouping of each family in the "
+                "model's batch.\n")
             add("| point | configuration | latency (s) | native / this: latency | CPU time | "
                 "prefilled | engine steps |")
             add("| --- | --- | ---: | ---: | ---: | ---: | ---: |")

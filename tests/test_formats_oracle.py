@@ -109,9 +109,11 @@ def test_presets_by_name_with_llm(tiny_model_dir):
 
 def test_promise_preset_equals_its_client_loop(tiny_model_dir, in_process, stock):
     """The fifth preset, ``promise``, against the project's client loop
-    (benchmarks.loop.ScriptedClientLoop: ClientLoop replaying scripts)."""
-    from benchmarks.loop import ScriptedClientLoop
+    (ClientLoop: its requests carry the engine's keys, so the scripts
+    replay), in each of its modes: lockstep rounds, events (requests sent
+    between engine steps) and stream (children sent at their payload's end)."""
     from vllm_seqhooks.llm import LLM
+    from vllm_seqhooks.loops.promise_loop import MODES, ClientLoop
     from tests.support.forkjoin import Scripts, scripted_engine_kwargs
 
     spec = {"format": "promise", "merge_separator": ","}
@@ -121,11 +123,15 @@ def test_promise_preset_equals_its_client_loop(tiny_model_dir, in_process, stock
                       {"0": "AAA", "1": "BBBB"}, max_tokens=80)
     prompts = ["Q: one", "Q: two"]
     outs = llm.generate(prompts, params, use_tqdm=False)
-    results = ScriptedClientLoop(stock, spec).generate(prompts, params)
-    for out, res in zip(outs, results):
+    for out in outs:
         assert S.text(out.outputs[0].token_ids) == (
             "ab<promise>xy</promise><promise>zw</promise>c<sync>AAA,BBBBdone</s>")
-        assert list(out.outputs[0].token_ids) == res.token_ids
+    for mode in MODES:
+        results = ClientLoop(stock, spec, mode=mode).generate(prompts, params)
+        for out, res in zip(outs, results):
+            assert list(out.outputs[0].token_ids) == res.token_ids, mode
+            assert res.finish_reason == out.outputs[0].finish_reason, mode
+            assert (res.rounds, len(res.children), len(res.joins)) == (2, 2, 1), mode
     # Training rows: each child's tokens under its node, the separator
     # inserted, the parent's own tokens (its EOS included) sampled.
     from vllm_seqhooks import rollout

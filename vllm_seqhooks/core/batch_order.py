@@ -17,10 +17,11 @@ docs/benchmarks/attention_order.md and README.md).
 family (the top-level request and all its descendants), leaving each
 family's block where most of it already is and moving only members outside
 their family's block, with :func:`group_in_python` each step. (Compiled
-kernels for this and for the row moves were tried and removed: grouping is
-about 1.5 % of the scheduler's time a step, and the end-to-end time of the
-engine-step workload did not move beyond its A/A noise with them;
-docs/benchmarks/engine_step.md.)
+kernels for this and for the row moves were tried and removed: in Python
+the grouping takes 1.9-2.5 % of the scheduler's time a step at 16-128
+families, and the end-to-end time of the engine-step workload did not move
+beyond its A/A noise with the kernels;
+docs/benchmarks/step_engine.md.)
 ``vllm_private.install_family_batch_order`` applies it to the V1 model
 runner's persistent batch before each step in which a request entered it or
 was moved, in one pass over the batch's arrays (``vllm_private.input_batch``)

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from vllm_seqhooks.loops.promise_loop import LoopChild, LoopResult, params_per_prompt, prompt_ids
+from vllm_seqhooks.loops.results import LoopChild, LoopResult, params_per_prompt, prompt_ids
 from vllm_seqhooks.config.presets import coerce_special_kwargs
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG

@@ -40,7 +40,7 @@ from vllm_seqhooks.config.presets import coerce_special_kwargs
 from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.core.request_tree import derive_seed
-from vllm_seqhooks.loops.promise_loop import params_per_prompt
+from vllm_seqhooks.loops.results import params_per_prompt
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ pass.
 
 ``InputBatch.swap_states(i, j)`` exchanges two rows: about 30 fields, ~13 µs
 a pair on a 2-core CPU. Grouping 64 families after a step in which 16 of
-them each gained a child needs 30-200 such pairs (``benchmarks.engine_step``).
+them each gained a child needs 30-200 such pairs (``benchmarks.step --workload engine``).
 :func:`permute_input_batch` makes
 the same change to every moved row at once and records the same pairs in
 ``batch_update_builder.moved`` (what the logits processors replay), so that
