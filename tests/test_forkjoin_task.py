@@ -216,26 +216,6 @@ def test_trained_model_with_ngram_speculative_decoding():
     assert task.summarize(problems, ngram["texts"])["correct"] >= n - 1
 
 
-@pytest.mark.parametrize("extra", [[], ["--scripted"]])
-def test_readme_main_command_runs(extra):
-    """The README's first command after setup: `python -m vllm_seqhooks`
-    (the trained model) and its `--scripted` demo, as a user runs them."""
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-m", "vllm_seqhooks", *extra],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    if not extra:
-        assert "5/5 correct" in proc.stdout, proc.stdout[-2000:]
-    assert "<sync>" in proc.stdout and "join of" in proc.stdout, proc.stdout[-2000:]
-    # The engine is shut down before the interpreter exits: no warning that
-    # reads like a crash (vLLM force-killing EngineCore, "exited unexpectedly").
-    output = proc.stdout + proc.stderr
-    for crash_like in ("[shutdown]", "force killing", "exited unexpectedly", "Traceback"):
-        assert crash_like not in output, output[-2000:]
-
-
 @pytest.mark.slow
 def test_embedded_model_with_auto_settings_llm():
     """The model carries its protocol: ``special_kwargs="auto"`` is enough."""
@@ -253,21 +233,3 @@ def test_embedded_model_with_auto_settings_llm():
     assert llm.special_kwargs.child_prompt_template == task.CHILD_PROMPT_TEMPLATE
     assert all(task.check_full_text(p, o.outputs[0].text) for p, o in zip(problems, outs))
     assert any(o.hook_trace and o.hook_trace["children"] for o in outs)
-
-
-@pytest.mark.slow
-def test_embedded_model_served_with_seqhooks_auto(tmp_path):
-    """``vllm serve MODEL --seqhooks auto``: one flag, correct answers."""
-    from vllm_seqhooks.check import trained_engine_flags, trained_outputs
-    from tests.support.server import start_server
-
-    model = str(task.model_dir())
-    server = start_server(model, "--seqhooks", "auto", *trained_engine_flags(),
-                          log_path=tmp_path / "serve.log")
-    try:
-        problems = task.heldout_problems(12, seed=4321)
-        outputs = trained_outputs(server.url, model, problems)
-    finally:
-        server.stop()
-    assert all(task.check_full_text(p, text) for p, (text, _ids) in zip(problems, outputs))
-    assert "context=payload" in server.log_tail(200000)  # the scheduler says what it runs

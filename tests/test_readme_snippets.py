@@ -59,6 +59,11 @@ def _serve_and_ask() -> tuple[list[str], list[str]]:
 
 @pytest.mark.slow
 def test_serve_command_runs_as_pasted(tmp_path):
+    """The README's serve-and-ask commands; then, on the same server (one
+    flag, ``--seqhooks auto``), 12 held-out problems answered with their
+    full text right, and the scheduler's log saying what it runs."""
+    from vllm_seqhooks.check import trained_outputs
+    from vllm_seqhooks.tasks import forkjoin as task
     from tests.support.server import start_server, vllm_command
 
     serve, ask = _serve_and_ask()
@@ -68,9 +73,13 @@ def test_serve_command_runs_as_pasted(tmp_path):
         port = server.url.rsplit(":", 1)[1]
         ask = [a.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for a in ask]
         proc = subprocess.run(ask, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        problems = task.heldout_problems(12, seed=4321)
+        outputs = trained_outputs(server.url, serve[2], problems)
         log = server.log_tail(10 ** 6)  # (before the stop: vLLM logs its engine's death at SIGINT)
     finally:
         server.stop()
+    assert all(task.check_full_text(p, text) for p, (text, _ids) in zip(problems, outputs))
+    assert "context=payload" in log  # the scheduler says what it runs
     assert proc.returncode == 0, proc.stderr
     answer = json.loads(proc.stdout)
     text = answer["choices"][0]["text"]

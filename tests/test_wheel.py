@@ -1,7 +1,8 @@
 """The wheel is the product: built from the checkout (no C compiler), it holds
 the package, its two embedded models and nothing the tests grew; installed
 into a fresh virtualenv next to vLLM, with no checkout on the path,
-``python -m vllm_seqhooks`` answers 5/5 and ``python -m vllm_seqhooks.check``
+``python -m vllm_seqhooks`` answers 5/5 (and ``--scripted`` runs its demo),
+``python -m vllm_seqhooks.check``
 (the install check a user runs: three real ``vllm serve`` processes; on CPU
 all of it) passes every row.
 
@@ -87,7 +88,7 @@ def test_the_wheel_holds_the_package_and_its_models_only(wheel):
     assert "-py3-none-any.whl" in wheel.name  # pure Python: no build step on install
 
 
-def test_the_demo_answers_from_the_wheel(fresh_python, tmp_path):
+def test_the_package_comes_from_the_wheel(fresh_python, tmp_path):
     where = subprocess.run(
         [fresh_python, "-c", "import vllm_seqhooks, vllm; print(vllm_seqhooks.__file__); "
          "print(vllm.__version__)"],
@@ -95,10 +96,24 @@ def test_the_demo_answers_from_the_wheel(fresh_python, tmp_path):
     package, version = where.stdout.split()
     assert package.startswith(str(fresh_python.parents[1])), package
     assert not package.startswith(str(ROOT))
-    demo = subprocess.run([fresh_python, "-m", "vllm_seqhooks"], capture_output=True,
+
+
+@pytest.mark.parametrize("extra", [[], ["--scripted"]])
+def test_the_readme_main_command_runs_from_the_wheel(fresh_python, tmp_path, extra):
+    """The README's first command after setup, ``python -m vllm_seqhooks``
+    (the trained model: 5/5) and its ``--scripted`` demo, as a user runs
+    them."""
+    proc = subprocess.run([fresh_python, "-m", "vllm_seqhooks", *extra], capture_output=True,
                           text=True, cwd=tmp_path, env=_clean_env(), timeout=900)
-    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    assert "5/5 correct" in demo.stdout, demo.stdout[-2000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if not extra:
+        assert "5/5 correct" in proc.stdout, proc.stdout[-2000:]
+    assert "<sync>" in proc.stdout and "join of" in proc.stdout, proc.stdout[-2000:]
+    # The engine is shut down before the interpreter exits: no warning that
+    # reads like a crash (vLLM force-killing EngineCore, "exited unexpectedly").
+    output = proc.stdout + proc.stderr
+    for crash_like in ("[shutdown]", "force killing", "exited unexpectedly", "Traceback"):
+        assert crash_like not in output, output[-2000:]
 
 
 def test_install_check_passes_from_the_wheel(fresh_python, tmp_path):
