@@ -18,7 +18,7 @@ family (the top-level request and all its descendants), leaving each
 family's block where most of it already is and moving only members outside
 their family's block, with :func:`group_in_python` each step. (Compiled
 kernels for this and for the row moves were tried and removed: in Python
-the grouping takes 1.9-2.5 % of the scheduler's time a step at 16-128
+the grouping takes 2-4.5 % of the scheduler's time a step at 16-128
 families, and the end-to-end time of the engine-step workload did not move
 beyond its A/A noise with the kernels;
 docs/benchmarks/step_engine.md.)
