@@ -5,7 +5,8 @@
 # vLLM 0.33.0's own scheduler tests against the hook scheduler
 # (scripts/upstream_conformance.sh), then the project's tests that are not
 # marked slow (unit, surgical scheduler, speculative, splice, formats, ...)
-# and the end-to-end tests through LLM and `vllm serve`. Both always run;
+# and the end-to-end tests through LLM and `vllm serve` (pause, resume,
+# sleep and aborts with families in flight included). Both always run;
 # the exit status is non-zero if either fails (pytest's 5 included). Extra
 # arguments go to pytest.
 set -uo pipefail
@@ -17,5 +18,6 @@ status=0
 PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
 "$PY" -m pytest tests -m "not slow" --durations=15 "$@" || status=$?
 "$PY" -m pytest tests/test_forkjoin_e2e.py tests/test_llm_entrypoint.py tests/test_serve.py \
+  tests/test_between_training_steps.py \
   "$@" || status=$?
 exit "$status"

@@ -744,9 +744,51 @@ def test_abort_all(async_sched):
     h.scripts[child_id("r", 0)] = [60 + i for i in range(30)]
     h.run_until(lambda: h.sched.requests["r"].status
                 == RequestStatus.WAITING_FOR_STREAMING_REQ, max_steps=30)
+    assert h.sched.metrics.gauges["parked_requests"] == 1
     h.sched.finish_requests(None, RequestStatus.FINISHED_ABORTED)
+    # Clean at once, without another step (what vLLM's pause with
+    # mode="abort" does, after which the engine does not step until resumed),
+    # and the gauges say so.
+    assert_clean(h, initial_free)
+    assert h.sched.metrics.gauges["parked_requests"] == 0
+    assert h.sched.metrics.gauges["open_children"] == 0
     h.run(max_steps=20)
     assert_clean(h, initial_free)
+
+
+@MODES
+def test_reset_prefix_cache_with_families_in_flight(async_sched):
+    """``reset_prefix_cache(reset_running_requests=True)`` (what vLLM's pause
+    and a weight update ask for) succeeds with a parent parked on running
+    children: vLLM preempts the children, the parent gives its blocks back
+    (spilled); the family then finishes with the tokens it has without the
+    reset and nothing is left. Without ``reset_running_requests`` the reset
+    fails while blocks are held, as vLLM's does for running requests."""
+    script = [40, P, 41, E, P, 42, E, S, 44, EOS]
+
+    def family(reset: bool):
+        h = SchedHarness(async_sched)
+        initial_free = h.free_blocks()
+        h.add("r", prompt(40), max_tokens=40, script=script)
+        for k in range(2):
+            h.scripts[child_id("r", k)] = [60 + 10 * k + i for i in range(12)] + [EOS]
+        h.run_until(lambda: h.sched.requests["r"].status
+                    == RequestStatus.WAITING_FOR_STREAMING_REQ, max_steps=40)
+        if reset:
+            assert h.sched.requests["r"].num_computed_tokens > 0
+            assert h.sched.reset_prefix_cache() is False
+            assert h.sched.reset_prefix_cache(reset_running_requests=True) is True
+            assert h.sched.requests["r"].num_computed_tokens == 0
+            assert h.sched.kv_cache_manager.usage == 0
+            assert h.sched.hook_stats["spills"] == 1
+        h.run(max_steps=200)
+        assert h.finish_reasons["r"] == FinishReason.STOP
+        assert_clean(h, initial_free)
+        return h.tokens["r"]
+
+    without = family(reset=False)
+    assert without.count(S) == 1 and 60 in without and 70 in without
+    assert family(reset=True) == without
 
 
 # ---------------------------------------------------------------------------

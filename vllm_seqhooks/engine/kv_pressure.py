@@ -61,6 +61,18 @@ class KVPressure:
             # children keep for their parents' splice joins go back too.
             self.splicing.release_held_for(self._waiting_needs_blocks)
 
+    def give_back_all(self) -> None:
+        """Every parked parent and every child held for a splice join gives
+        its KV blocks back (vLLM's ``reset_prefix_cache`` with
+        ``reset_running_requests``, which a weight update or a pause asks
+        for, preempts the running requests only: the blocks these hold would
+        make it fail). The families go on: a spilled parent recomputes its
+        context at its join, a splice join re-prefills."""
+        for st in self._holders():
+            self.spill(st)
+        if self.splicing.held:
+            self.splicing.release_held_for(lambda: True)
+
     def order_for_preemption(self) -> None:
         """When the free blocks cannot give every running request one more,
         vLLM may preempt this step, the last running request first (FCFS;

@@ -164,10 +164,12 @@ class SeqHooksMixin:
         self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
     ) -> list[Request]:
         fj = self.fork_join
-        if request_ids is None:
+        if request_ids is None:  # every request (vLLM's pause with mode="abort")
             finished = super().finish_requests(None, finished_status)
             for req in finished:
                 fj.forget(req.request_id)
+            fj.ready_joins = []
+            self._publish_metrics()  # now: a paused engine takes no step until resumed
             return finished
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         # Aborting a request aborts its whole subtree.
@@ -182,6 +184,14 @@ class SeqHooksMixin:
             fj.ready_joins = [r for r in fj.ready_joins if r not in gone]
         self._publish_metrics()
         return finished
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False,
+                           reset_connector: bool = False) -> bool:
+        # vLLM preempts its running requests; parked parents and children
+        # held for splice joins hold blocks too (KVPressure.give_back_all).
+        if reset_running_requests:
+            self.kv_pressure.give_back_all()
+        return super().reset_prefix_cache(reset_running_requests, reset_connector)
 
     def end_children(self, child_ids: Iterable[str], status: RequestStatus, outcome: str,
                      reason: str) -> None:

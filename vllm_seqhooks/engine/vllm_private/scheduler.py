@@ -24,6 +24,7 @@ SCHEDULER_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_handle_blocked_waiting_request", ("self", "request")),
     ("_get_local_prefix_cache_hit", ("self", "request")),
     ("finish_requests", ("self", "request_ids", "finished_status")),
+    ("reset_prefix_cache", ("self", "reset_running_requests", "reset_connector")),
     ("add_request", ("self", "request")),
     ("update_from_output", ("self", "scheduler_output", "model_runner_output")),
     ("schedule", ("self", "throttle_prefills")),
