@@ -18,7 +18,8 @@ PROMPT = (
 def engines(tiny_model_dir):
     import vllm
 
-    from tests.support.forkjoin import TINY_ENGINE_KWARGS, Scripts, hook_llm
+    from tests.support.forkjoin import Scripts, hook_llm
+    from vllm_seqhooks.scripted.tiny_model import TINY_ENGINE_KWARGS
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
