@@ -69,9 +69,9 @@ class KVPressure:
         make it fail). The families go on: a spilled parent recomputes its
         context at its join, a splice join re-prefills."""
         for st in self._holders():
-            self.spill(st)
+            self.spill(st, why="for a prefix-cache reset")
         if self.splicing.held:
-            self.splicing.release_held_for(lambda: True)
+            self.splicing.release_held_for(lambda: True, why="a prefix-cache reset")
 
     def order_for_preemption(self) -> None:
         """When the free blocks cannot give every running request one more,
@@ -106,11 +106,11 @@ class KVPressure:
         need = blocks_to_start(head.num_tokens, head.num_computed_tokens, vllm.block_size)
         return vllm.num_free_blocks() < need + 1
 
-    def spill(self, st: HookState) -> None:
+    def spill(self, st: HookState, why: str = "to let its children run") -> None:
         self.parking.spill(st)
         self.metrics.inc("spills", 1)
-        logger.info("spilled parked request %s (%d computed tokens) to let its "
-                    "children run", st.request.request_id, st.spilled_frontier)
+        logger.info("spilled parked request %s (%d computed tokens) %s",
+                    st.request.request_id, st.spilled_frontier, why)
 
 
 def _arrival(request: Request) -> float:

@@ -148,19 +148,22 @@ class Splicing:
         self._release(child_ids)
         self.metrics.inc("splice_fallbacks", 1)
 
-    def release_held_for(self, needs_blocks) -> None:
-        """KV pressure with nothing running: finished children give their
-        held blocks back, oldest first, while ``needs_blocks()`` (the next
-        waiting request cannot start); not those a join already planned its
-        copies from. Their parents' joins re-prefill."""
+    def release_held_for(self, needs_blocks,
+                         why: str = "nothing runs and the next waiting request needs them"
+                         ) -> None:
+        """KV pressure with nothing running (or a prefix-cache reset, ``why``
+        says which): finished children give their held blocks back, oldest
+        first, while ``needs_blocks()`` (the next waiting request cannot
+        start); not those a join already planned its copies from. Their
+        parents' joins re-prefill."""
         merging = {cid for copies in self.pending.values() for cid in copies.children}
         for cid in [c for c in self.held if c not in merging]:
             if not needs_blocks():
                 return
             self._release([cid])
             self.metrics.inc("splice_holds_released", 1)
-            logger.info("%s gives its held KV blocks back (nothing runs and the next "
-                        "waiting request needs them); its parent's join re-prefills", cid)
+            logger.info("%s gives its held KV blocks back (%s); its parent's join "
+                        "re-prefills", cid, why)
 
     def _release(self, child_ids) -> None:
         for cid in child_ids:
