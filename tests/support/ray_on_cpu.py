@@ -39,8 +39,6 @@ import logging
 import os
 from pathlib import Path
 
-from vllm_seqhooks.engine.vllm_private.common import VllmPrivateAPIError
-
 ENV_VAR = "SEQHOOKS_TEST_RAY_ON_CPU"
 #: A directory holding only the metadata of a distribution whose
 #: ``vllm.general_plugins`` entry point is :func:`register`: on ``sys.path``,
@@ -99,6 +97,8 @@ def install_ray_on_cpu() -> bool:
         return False
     found = ray_on_cpu_problems()
     if found:
+        from vllm_seqhooks.engine.vllm_private.common import VllmPrivateAPIError
+
         raise VllmPrivateAPIError("SEQHOOKS_TEST_RAY_ON_CPU: " + "; ".join(found))
     from vllm.v1.executor import ray_executor_v2
 
