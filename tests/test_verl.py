@@ -1,0 +1,191 @@
+"""The verl agent loop (``vllm_seqhooks.integrations.verl``) against verl's
+own classes (issue 41): verl 0.9.1's ``vLLMHttpServer`` builds and starts
+the engine from verl's trainer config (the hook settings in its
+``engine_kwargs.vllm``), verl's ``LLMServerClient`` sends the requests, and
+verl's ``AgentLoopWorker`` runs the agent loop it finds in its registry
+through ``agent_loop_config_path`` and returns its ``DataProto``
+(:mod:`vllm_seqhooks.integrations.verl.local` runs them in this process).
+
+The oracle is ThreadWeaver's client loop written again
+(:mod:`tests.support.branching_controller`) over the same verl server
+classes without hooks: for the same prompts (greedy), the agent loop's
+merged response and its expanded rows equal what that loop produces.
+
+The pure parts (rows from a trace, the engine arguments, importing without
+verl) run without verl; the rest is skipped when verl is not installed
+(``scripts/setup.sh`` installs it beside vLLM, ``docs/rl.md``)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from vllm_seqhooks.core.trace import TRACE_KEY
+from vllm_seqhooks.integrations import verl as seqhooks_verl
+from vllm_seqhooks.integrations.verl.rows import agent_loop_fields
+from vllm_seqhooks.tasks import threadweaver as task
+
+from tests.test_rollout import RESPONSE, TRACE
+
+PROBLEMS = ["3917425", "12", "987654321", "5", "80604020", "1111222233334444", "73", "90817"]
+
+
+def test_importing_the_integration_needs_neither_verl_nor_vllm():
+    code = ("import sys; import vllm_seqhooks.integrations.verl as v, vllm_seqhooks.integrations.verl.rows;"
+            "v.engine_kwargs('threadweaver');"
+            "print(sorted(m for m in ('verl', 'vllm', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_engine_kwargs_name_the_scheduler_the_settings_and_both_worker_extensions():
+    got = seqhooks_verl.engine_kwargs({"format": "threadweaver", "boundary_tokenization": "ids"},
+                                      additional_config={"mine": 1})
+    assert got["scheduler_cls"] == "vllm_seqhooks.engine.scheduler.SeqHooksScheduler"
+    assert got["worker_extension_cls"] == seqhooks_verl.WORKER_EXTENSION_CLASS_PATH
+    assert got["additional_config"]["mine"] == 1
+    assert got["additional_config"]["seqhooks"]["boundary_tokenization"] == "ids"
+    assert got["additional_config"]["seqhooks"]["fork_tag"] == "</Outlines>"
+    with pytest.raises(ValueError, match="needs hook settings"):
+        seqhooks_verl.engine_kwargs(None)
+
+
+def test_agent_loop_fields_mask_inserted_tokens_and_list_calls_in_order():
+    lps = [-(t / 100) for t in RESPONSE]
+    import copy
+
+    trace = copy.deepcopy(TRACE)
+    zero, one = trace["children"]
+    zero["output_logprobs"], one["output_logprobs"] = [-0.2, -0.21, -0.22], [-0.3, 0.0]
+    fields = agent_loop_fields([1, 2], RESPONSE, lps, {"kv_transfer_params": {TRACE_KEY: trace}},
+                               response_length=100)
+    assert fields["response_ids"] == RESPONSE
+    assert fields["response_mask"] == [1, 1, 0, 1, 1, 0, 1, 1, 0, 1]
+    assert fields["response_logprobs"][2] == 0.0 and fields["response_logprobs"][0] == -0.1
+    extra = fields["extra_fields"]
+    assert extra["expanded_response_ids"] == [[10, 11], [20, 21, 2], [30], [40, 2], [12]]
+    assert extra["expanded_prompt_ids"][1] == [1, 2, 10, 11, 50]
+    assert extra["expanded_response_mask"] == [[1] * len(r) for r in extra["expanded_response_ids"]]
+    # a node whose logprobs were not kept (here 1.0) gets 0.0s, aligned with its tokens
+    assert extra["expanded_response_logprobs"] == [
+        [-0.1, -0.11], [-0.2, -0.21, -0.22], [-0.3], [0.0, 0.0], [-0.12]]
+
+
+def test_agent_loop_fields_cut_as_threadweavers_agent_loop():
+    fields = agent_loop_fields([1, 2], RESPONSE, None, {"kv_transfer_params": {TRACE_KEY: TRACE}},
+                               response_length=4, max_total_tokens=8)
+    assert fields["response_ids"] == RESPONSE[:4] and len(fields["response_mask"]) == 4
+    assert fields["response_logprobs"] is None
+    extra = fields["extra_fields"]
+    assert "expanded_response_logprobs" not in extra
+    # each call: at most 4 tokens, and at most 8 - len(its prompt)
+    assert extra["expanded_response_ids"] == [[10, 11], [20, 21, 2], [30], [40, 2], []]
+
+
+def test_a_sample_that_never_forked_is_one_plain_row():
+    fields = agent_loop_fields([1], [5, 6, 2], [-1.0, -2.0, -3.0], {"global_steps": 3},
+                               response_length=10)
+    assert fields["response_mask"] == [1, 1, 1]
+    assert fields["extra_fields"]["expanded_prompt_ids"] == [[1]]
+    assert fields["extra_fields"]["expanded_response_ids"] == [[5, 6, 2]]
+
+
+# -- verl's own classes ------------------------------------------------------
+
+
+def _verl_local():
+    pytest.importorskip("verl", reason="verl is not installed (scripts/setup.sh installs it)")
+    from vllm_seqhooks.integrations.verl import local
+
+    return local
+
+
+@pytest.fixture(scope="module")
+def verl_env():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    yield
+    mp.undo()
+
+
+async def _oracle_rows(local, cfg, prompts):
+    """ThreadWeaver's client loop over verl's server without hooks."""
+    from tests.support.branching_controller import BranchingController
+
+    server = await local.start_server(cfg)
+    try:
+        client = local.server_client(cfg, server)
+        tok = server.model_config.tokenizer
+        rollout = cfg.actor_rollout_ref.rollout
+
+        async def generate(prompt_ids, params):
+            out = await client.generate("oracle", prompt_ids=prompt_ids, sampling_params=dict(params))
+            return out.token_ids
+
+        params = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}
+        results = []
+        for text in prompts:
+            ids = tok.encode(text, add_special_tokens=False)
+            ctl = BranchingController(tok, generate, params, response_length=rollout.response_length,
+                                      max_total_tokens=rollout.max_model_len)
+            results.append((ids, await ctl.run(ids)))
+        return results
+    finally:
+        await local.stop_server(server)
+
+
+async def _agent_loop_batch(local, cfg, prompts):
+    server = await local.start_server(cfg)
+    try:
+        worker = local.agent_loop_worker(cfg, local.server_client(cfg, server))
+        return await worker.generate_sequences(local.prompts_batch(prompts))
+    finally:
+        await local.stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def threadweaver_oracle(verl_env):
+    local = _verl_local()
+    stock = local.trainer_config(str(task.model_dir()), None, temperature=0.0)
+    return asyncio.run(_oracle_rows(local, stock, [task.prompt_text(d) for d in PROBLEMS]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("boundaries", ["ids", "text"])
+def test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm(
+        verl_env, threadweaver_oracle, boundaries):
+    local = _verl_local()
+    expected = threadweaver_oracle
+    hooks = local.trainer_config(str(task.model_dir()),
+                                 {"format": "auto", "boundary_tokenization": boundaries},
+                                 temperature=0.0)
+    batch = asyncio.run(_agent_loop_batch(local, hooks, [task.prompt_text(d) for d in PROBLEMS]))
+
+    nt = batch.non_tensor_batch
+    forked = 0
+    for i, (prompt_ids, want) in enumerate(expected):
+        mask = batch.batch["attention_mask"][i]
+        plen = batch.batch["prompts"].shape[1]
+        got_prompt = batch.batch["prompts"][i][mask[:plen].bool()].tolist()
+        n = int(batch.batch["response_mask"].shape[1] - (mask[plen:] == 0).sum())
+        got_response = batch.batch["responses"][i][:n].tolist()
+        assert got_prompt == prompt_ids
+        assert got_response == want.response_ids, PROBLEMS[i]
+        assert [list(x) for x in nt["expanded_prompt_ids"][i]] == want.expanded_prompt_ids
+        assert [list(x) for x in nt["expanded_response_ids"][i]] == want.expanded_response_ids, (PROBLEMS[i], got_response, want.expanded_prompt_ids)
+        assert [list(x) for x in nt["expanded_response_mask"][i]] == want.expanded_response_mask
+        forked += len(want.expanded_prompt_ids) > 1
+        # 1: sampled by the policy; 0: inserted by the engine. A "text" merge
+        # re-tokenizes its boundaries: the children's tokens get their loss
+        # in their own (expanded) rows only.
+        sampled = int(batch.batch["response_mask"][i][:n].sum())
+        calls = want.expanded_response_ids
+        owned = calls if boundaries == "ids" else [calls[0], calls[-1]] if len(calls) > 1 else calls
+        assert sampled == sum(len(c) for c in owned)
+    assert forked >= len(PROBLEMS) // 2  # the comparison covers families, not only plain samples
+    assert set(nt["agent_name"]) == {seqhooks_verl.AGENT_NAME}
+    assert set(nt["stop_reason"]) == {"completed"}
+
