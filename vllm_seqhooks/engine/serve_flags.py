@@ -13,14 +13,11 @@ nothing changes. Bad values end the command with ``error: ...`` (exit code
 from __future__ import annotations
 
 import argparse
-import atexit
 import dataclasses
 import functools
 import logging
 import os
 import re
-import shutil
-import tempfile
 from typing import Any
 
 from vllm_seqhooks.config import field_checks
@@ -35,6 +32,7 @@ from vllm_seqhooks.config.special_kwargs import (
 )
 from vllm_seqhooks.engine.cpu_memory import cpu_memory_args
 from vllm_seqhooks.engine.engine_args import hook_engine_args, load_tokenizer
+from vllm_seqhooks.engine.metrics_export import enable_metrics
 
 logger = logging.getLogger("vllm.seqhooks.plugin")
 
@@ -317,54 +315,3 @@ def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
     namespace._seqhooks_applied = True
     logger.info("sequence hooks configured: %s", hooks.to_json())
     return hooks
-
-
-_collector_installed = False
-
-
-def enable_metrics() -> None:
-    """Export the scheduler's metrics on the API server's ``/metrics``.
-
-    Names a snapshot directory for the engines (``SEQHOOKS_METRICS_DIR``,
-    inherited by the EngineCore processes started after this) and registers
-    a collector over it in this process's Prometheus registry."""
-    from vllm_seqhooks.engine.metrics import ENV_DIR
-
-    if not os.environ.get(ENV_DIR):
-        path = tempfile.mkdtemp(prefix="vllm-seqhooks-metrics-")
-        os.environ[ENV_DIR] = path
-        atexit.register(shutil.rmtree, path, True)
-    carry_env_to_ray_actors()
-    install_collector()
-
-
-#: vLLM copies environment variables with these prefixes to the Ray actors
-#: it starts (engine actors of Ray data parallelism, Ray workers).
-RAY_PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
-
-
-def carry_env_to_ray_actors() -> None:
-    """Have vLLM copy the ``SEQHOOKS_`` variables (the metrics directory
-    above) to the Ray actors it starts, as it copies its own ``VLLM_`` ones:
-    an engine of Ray data parallelism runs in such an actor."""
-    prefixes = [p for p in os.environ.get(RAY_PREFIXES_ENV, "").split(",") if p.strip()]
-    if "SEQHOOKS_" not in prefixes:
-        os.environ[RAY_PREFIXES_ENV] = ",".join([*prefixes, "SEQHOOKS_"])
-
-
-def install_collector() -> None:
-    """Register the snapshot collector (once per process) in prometheus'
-    default registry, which vLLM serves on /metrics with one API server
-    process. (With several, vLLM uses prometheus multiprocess mode, and the
-    scheduler updates prometheus_client metrics directly: see metrics.py.)"""
-    global _collector_installed
-    from vllm_seqhooks.engine.metrics import ENV_DIR, SnapshotCollector
-
-    directory = os.environ.get(ENV_DIR)
-    if _collector_installed or not directory:
-        return
-    from prometheus_client import REGISTRY
-
-    collector = SnapshotCollector(directory)
-    REGISTRY.register(collector)
-    _collector_installed = True
