@@ -1,7 +1,8 @@
 """Between two training steps, through verl's own server methods (issue 41,
 item 3): verl 0.9.1's ``vLLMHttpServer`` with hooks aborts everything while
 fork/join families are in flight (``abort_all_requests``: vLLM's
-``pause_generation`` with the caches cleared), clears the KV cache
+``pause_generation`` with the caches cleared), updates the weights
+(``collective_rpc("reload_weights")``), clears the KV cache
 (``clear_kv_cache``) and resumes (``resume_generation``). Afterwards the
 server's metrics show nothing held (no parked parent, no open child, no KV
 block, no request), what each aborted family returned is verl's aborted
@@ -13,8 +14,9 @@ The families are scripted on the tiny model with a slow model step
 sent through verl's ``LLMServerClient`` with the script in
 ``extra_args``. What needs a GPU stays untested here: verl's hybrid
 ``sleep``/``wake_up`` (vLLM's sleep mode; the CPU platform has none) and
-its weight sync (``update_weights_from_ipc``: CUDA IPC or shared memory
-from the trainer's workers)."""
+its own weight sync (``update_weights_from_ipc``: CUDA IPC or shared
+memory from the trainer's workers; here the workers reload the checkpoint
+instead, through the same ``collective_rpc``)."""
 
 from __future__ import annotations
 
@@ -119,7 +121,10 @@ async def _between_steps(local, cfg, tok, ids):
         held = await _nothing_held(url)
         assert not any(held.values()), held
 
-        # between the steps: the KV cache cleared (weights would be updated here)
+        # between the steps: the weights updated (vLLM's worker reloads them
+        # through collective_rpc, the path verl's own weight sync takes to its
+        # worker extension), the KV cache cleared
+        await server.engine.collective_rpc("reload_weights")
         await server.clear_kv_cache()
         await server.resume_generation()
         assert not any((await _nothing_held(url)).values())
