@@ -126,9 +126,13 @@ async def _oracle_rows(local, cfg, prompts):
             return out.token_ids
 
         params = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}
+        tok.chat_template = cfg.actor_rollout_ref.model.custom_chat_template
         results = []
         for text in prompts:
-            ids = tok.encode(text, add_special_tokens=False)
+            # (as ThreadWeaver's SingleTurnAgentLoop.run builds its prompt)
+            ids = tok.apply_chat_template([{"role": "user", "content": text}],
+                                          add_generation_prompt=True, tokenize=True)
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # (transformers 5: a dict)
             ctl = BranchingController(tok, generate, params, response_length=rollout.response_length,
                                       max_total_tokens=rollout.max_model_len)
             results.append((ids, await ctl.run(ids)))
@@ -189,3 +193,28 @@ def test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm(
     assert set(nt["agent_name"]) == {seqhooks_verl.AGENT_NAME}
     assert set(nt["stop_reason"]) == {"completed"}
 
+
+
+@pytest.mark.slow
+def test_the_grpo_example_runs_through_verls_agent_loop_worker():
+    """``examples/verl_grpo_rollouts.py``: verl's DataProto with the agent
+    loop's fields, a reward and an advantage per sample, a clean exit."""
+    from pathlib import Path
+
+    from tests.test_readme_snippets import CRASH_LIKE
+
+    _verl_local()
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "examples" / "verl_grpo_rollouts.py"),
+                           "--problems", "3", "--group", "2"],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert not [c for c in CRASH_LIKE if c in output], output[-3000:]
+    assert "verl DataProto: 6 rows" in proc.stdout
+    for field in ("'responses'", "'response_mask'", "'rollout_log_probs'", "'position_ids'"):
+        assert f"batch[{field}]" in proc.stdout
+    assert "expanded_prompt_ids" in proc.stdout
+    samples = [line for line in proc.stdout.splitlines() if line.startswith("  sample")]
+    assert len(samples) == 6 and all("reward" in s and "advantage" in s for s in samples)
+    assert any("inserted)" in s and "(0 inserted)" not in s for s in samples)  # some forked

@@ -43,9 +43,9 @@ from vllm_seqhooks.integrations.verl import AGENT_LOOPS, AGENT_NAME, engine_kwar
 
 #: verl's generated full trainer config (every default, resolved by Hydra).
 TRAINER_CONFIG = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
-#: A chat template that writes the messages' contents as they are (the
-#: embedded models have none and read bare prompts).
-PLAIN_CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+#: A chat template that writes BOS and the messages' contents as they are
+#: (the embedded models have none: they read a bare prompt after BOS).
+PLAIN_CHAT_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
 def trainer_config(model: str, special_kwargs: Any = None, *, prompt_length: int = 64,
@@ -113,14 +113,31 @@ async def start_server(config: DictConfig):
 
 
 async def stop_server(server: Any) -> None:
-    """Stop a server :func:`start_server` started: its HTTP server, then
-    its engine (processes included)."""
+    """Stop a server :func:`start_server` started: its HTTP server (asked
+    to exit, as at a signal), then its engine (processes included)."""
     task = getattr(server, "_server_task", None)
     if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
+        uvicorn_server = _uvicorn_server_of(task)
+        if uvicorn_server is not None:
+            uvicorn_server.should_exit = True
+        else:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
             await task
-    server.engine.shutdown()
+    engine = server.engine
+    engine.shutdown()
+    # AsyncLLM.__del__ shuts down again; verl's app state keeps the engine
+    # until the interpreter's exit, where that second call fails on a
+    # module already torn down (a TypeError printed at exit). Done is done.
+    engine.shutdown = lambda *args, **kwargs: None
+
+
+def _uvicorn_server_of(task: asyncio.Task) -> Any:
+    """The ``uvicorn.Server`` whose ``serve()`` the task runs (verl keeps
+    only the task), or None."""
+    frame = getattr(task.get_coro(), "cr_frame", None)
+    found = frame.f_locals.get("self") if frame is not None else None
+    return found if hasattr(found, "should_exit") else None
 
 
 class _Remote:
