@@ -218,3 +218,29 @@ def test_the_grpo_example_runs_through_verls_agent_loop_worker():
     samples = [line for line in proc.stdout.splitlines() if line.startswith("  sample")]
     assert len(samples) == 6 and all("reward" in s and "advantage" in s for s in samples)
     assert any("inserted)" in s and "(0 inserted)" not in s for s in samples)  # some forked
+
+
+@pytest.mark.slow
+def test_the_verl_rollout_benchmark_smoke(tmp_path):
+    """``python -m benchmarks.verl_rollout --smoke``: the three
+    configurations ran through verl's agent-loop worker and counted the
+    same things (the sampled tokens are each call's tokens on both sides)."""
+    import json
+    from pathlib import Path
+
+    _verl_local()
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.verl_rollout", "--smoke",
+                           "--out", str(tmp_path)], cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    results = json.loads((tmp_path / "verl_rollout.json").read_text())
+    rounds = results["rounds"]
+    assert set(rounds) == {"loop", "loop_b", "native"}
+    for config, rs in rounds.items():
+        assert all(r["samples"] == 8 and r["sampled_tokens"] > 0 for r in rs), config
+    # one request per sample natively; the client loop one per call row
+    assert all(r["requests"] == r["samples"] < r["calls"] for r in rounds["native"])
+    assert all(r["requests"] == r["calls"] for r in rounds["loop"])
+    assert set(results["ratios"]) == {"A/A control: loop_b / loop", "native / loop"}
+    assert "native / loop" in (tmp_path / "verl_rollout.md").read_text()
