@@ -41,7 +41,7 @@ from vllm_seqhooks.tasks import threadweaver as task
 
 SIZES = {
     "smoke": dict(prompts=4, n=2, repeats=1),
-    "default": dict(prompts=32, n=4, repeats=4),
+    "default": dict(prompts=32, n=4, repeats=6),
 }
 CONFIGS = ("loop", "loop_b", "native")
 PAIRS = {
@@ -146,9 +146,19 @@ def _report(results: dict[str, Any]) -> str:
               "| ratio | value |", "| --- | --- |"]
     for name, ratio in results["ratios"].items():
         lines.append(f"| {name} | {fmt_spread(ratio, 3)} |")
-    lines += ["", "`native` makes one request per sample; `loop` one per sequential stretch "
+    aa = results["ratios"]["A/A control: loop_b / loop"]
+    lo, hi = min(aa["min"], 1 / aa["max"]), max(aa["max"], 1 / aa["min"])
+    ratio = results["ratios"]["native / loop"]
+    verdict = ("inside that band: no difference this run can show" if lo <= ratio["median"] <= hi
+               else "outside that band")
+    lines += ["", f"The A/A control spans {aa['min']:.3f}–{aa['max']:.3f}: a ratio within "
+              f"{lo:.3f}–{hi:.3f} is not a difference this run can show. native / loop: "
+              f"{fmt_spread(ratio, 3)}, median {verdict}.",
+              "", "`native` makes one request per sample; `loop` one per sequential stretch "
               "and per thread, each prefilling its context again (the prefix cache "
-              "serves what it can)."]
+              "serves what it can). Here verl's client calls its server in-process; in "
+              "training each call is a Ray actor call to a server on another process or "
+              "node, a per-request cost that only `loop` pays per call (not measured here)."]
     return "\n".join(lines) + "\n"
 
 
