@@ -158,7 +158,8 @@ def _report(results: dict[str, Any]) -> str:
               "and per thread, each prefilling its context again (the prefix cache "
               "serves what it can). Here verl's client calls its server in-process; in "
               "training each call is a Ray actor call to a server on another process or "
-              "node, a per-request cost that only `loop` pays per call (not measured here)."]
+              "node, a cost per request that `loop` pays for every call row and `native` "
+              "once per sample (not measured here)."]
     return "\n".join(lines) + "\n"
 
 

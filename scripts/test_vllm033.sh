@@ -6,7 +6,8 @@
 # (scripts/upstream_conformance.sh), then the project's tests that are not
 # marked slow (unit, surgical scheduler, speculative, splice, formats, ...)
 # and the end-to-end tests through LLM and `vllm serve` (pause, resume,
-# sleep and aborts with families in flight included). Both always run;
+# sleep and aborts with families in flight included; the verl agent loop
+# against ThreadWeaver's client loop and verl's server between steps). Both always run;
 # the exit status is non-zero if either fails (pytest's 5 included). Extra
 # arguments go to pytest.
 set -uo pipefail
@@ -18,6 +19,7 @@ status=0
 PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
 "$PY" -m pytest tests -m "not slow" --durations=15 "$@" || status=$?
 "$PY" -m pytest tests/test_forkjoin_e2e.py tests/test_llm_entrypoint.py tests/test_serve.py \
-  tests/test_between_training_steps.py \
+  tests/test_between_training_steps.py tests/test_verl_between_steps.py \
+  "tests/test_verl.py::test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm" \
   "$@" || status=$?
 exit "$status"

@@ -13,8 +13,9 @@ The two halves:
 
 - the agent loop, :data:`AGENT_NAME` in verl's registry, given to verl by
   ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` (:data:`AGENT_LOOPS`,
-  or :data:`AGENT_LOOPS_AS_SINGLE_TURN` for a verl fork that always runs
-  ``single_turn_agent``; :mod:`.agent_loop`, which imports verl);
+  or :data:`AGENT_LOOPS_AS_SINGLE_TURN`, which puts it in place of verl's
+  default ``single_turn_agent``: one line to switch; :mod:`.agent_loop`,
+  which imports verl);
 - the server: :func:`engine_kwargs` gives what goes under
   ``actor_rollout_ref.rollout.engine_kwargs.vllm`` (the hook scheduler, the
   model's hook settings, a worker extension that is verl's and ours).
@@ -31,8 +32,8 @@ from typing import Any, Mapping
 AGENT_NAME = "seqhooks_agent"
 #: verl's ``agent_loop_config_path`` that registers :data:`AGENT_NAME`.
 AGENT_LOOPS = Path(__file__).with_name("agent_loops.yaml")
-#: The same loop registered as ``single_turn_agent``, the name verl runs when
-#: a batch names no agent (ThreadWeaver's fork has no ``default_agent_loop``).
+#: The same loop registered as ``single_turn_agent``, the agent verl runs by
+#: default where the data names none: this one line switches a training run.
 AGENT_LOOPS_AS_SINGLE_TURN = Path(__file__).with_name("agent_loops_as_single_turn.yaml")
 #: The class the YAML files name (hydra ``_target_``).
 AGENT_LOOP_CLASS_PATH = "vllm_seqhooks.integrations.verl.agent_loop.SeqHooksAgentLoop"
