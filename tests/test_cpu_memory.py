@@ -61,7 +61,7 @@ def test_engine_arguments(short_of_memory, monkeypatch, caplog):
 def test_serve_flags(short_of_memory, tiny_model_dir, monkeypatch, tmp_path):
     """``vllm serve MODEL --seqhooks ...`` without memory flags starts on a
     machine where vLLM's default would be refused; with them, as given."""
-    from test_plugin import serve_parser
+    from tests.test_plugin import serve_parser
 
     from vllm_seqhooks.engine.metrics import ENV_DIR
 

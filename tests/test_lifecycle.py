@@ -94,7 +94,7 @@ def test_phases_of_a_splice_join_under_kv_pressure():
     its children run, and resumes; its first child, which ends at its end
     tag, drains one step first. The harness checks the phases against
     vLLM's state at every step."""
-    from test_splice_scheduler import _pressured  # (its run asserts the output)
+    from tests.test_splice_scheduler import _pressured  # (its run asserts the output)
 
     seen: dict[str, list] = {}
 

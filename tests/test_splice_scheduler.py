@@ -12,7 +12,7 @@ from vllm_seqhooks.engine.vllm_private import SPLICE_INPUTS_ATTR
 from tests.support.sched_harness import EOS_ID as EOS
 from tests.support.sched_harness import child_id
 
-from test_formats_engine import MODES, assert_idle, dec, enc, harness, hooks
+from tests.test_formats_engine import MODES, assert_idle, dec, enc, harness, hooks
 
 GOAL = "<Parallel>\n<Goal>\n<Outline>1: a</Outline>\n<Outline>2: b</Outline>\n</Goal>"
 PATH_1, PATH_2 = "\n<Path>\n1: alpha</Path>", "\n<Path>\n2: beta!"
