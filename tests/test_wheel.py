@@ -77,8 +77,11 @@ def test_the_wheel_holds_the_package_and_its_models_only(wheel):
     assert tops == {"vllm_seqhooks", wheel.name.split("-py3")[0] + ".dist-info"}, tops
     packages = {n.split("/")[1] for n in names if n.startswith("vllm_seqhooks/")
                 and n.count("/") > 1}
-    assert packages == {"config", "core", "data", "engine", "formats", "loops", "scripted",
-                        "tasks"}
+    assert packages == {"config", "core", "data", "engine", "formats", "integrations", "loops",
+                        "scripted", "tasks"}
+    # verl's agent-loop registrations travel with the package
+    for yaml_file in ("agent_loops.yaml", "agent_loops_as_single_turn.yaml"):
+        assert f"vllm_seqhooks/integrations/verl/{yaml_file}" in names
     assert not [n for n in names if n.endswith((".c", ".h", ".so")) or "testing" in n]
     for model in ("forkjoin_model", "threadweaver_model"):
         assert f"vllm_seqhooks/data/{model}/config.json" in names
