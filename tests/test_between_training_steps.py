@@ -63,15 +63,22 @@ def ids(tiny_model_dir):
     return lambda text: encode_script(tok, text)
 
 
-def _body(model, ids, children, delay_ms=0):
+def script_args(ids, children, delay_ms=0) -> dict:
+    """The scripted family's per-request arguments (``vllm_xargs``, vLLM's
+    ``SamplingParams.extra_args``): :data:`SCRIPT` for the parent, the
+    ``children``'s scripts, each model step ``delay_ms`` slower."""
     xargs = {"seqhooks_script": ids(SCRIPT), "seqhooks_script_end": "eos",
              "seqhooks_eos_token_id": 2,
              "seqhooks_child_scripts": json.dumps({k: ids(v) for k, v in children.items()}),
              "seqhooks_child_script_end": "eos"}
     if delay_ms:
         xargs["seqhooks_step_delay_ms"] = delay_ms
+    return xargs
+
+
+def _body(model, ids, children, delay_ms=0):
     return {"model": model, "prompt": "hello", "max_tokens": 100, "temperature": 0,
-            "vllm_xargs": xargs}
+            "vllm_xargs": script_args(ids, children, delay_ms)}
 
 
 def _complete(url, body, timeout=300):

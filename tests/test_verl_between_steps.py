@@ -21,21 +21,15 @@ instead, through the same ``collective_rpc``)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import pytest
 
 from tests.support.server import SCRIPTED, metric, scrape
+from tests.test_between_training_steps import (CHILDREN, EXPECTED, HELD, SLOW_CHILDREN,
+                                               script_args)
 
 pytestmark = pytest.mark.slow
-
-SCRIPT = "ab<promise>xy</promise><promise>zw</promise>c<sync>done"
-CHILDREN = {"0": "AAA", "1": "BBBB"}
-EXPECTED = "ab<promise>xy</promise><promise>zw</promise>c<sync>AAA\nBBBBdone"
-SLOW_CHILDREN = {"0": "A" * 40, "1": "B" * 40}
-HELD = ("vllm:seqhooks_parked_requests", "vllm:seqhooks_open_children",
-        "vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +41,8 @@ def local():
 
 
 def _params(ids, children, delay_ms=0):
-    extra = {"seqhooks_script": ids(SCRIPT), "seqhooks_script_end": "eos",
-             "seqhooks_eos_token_id": 2,
-             "seqhooks_child_scripts": json.dumps({k: ids(v) for k, v in children.items()}),
-             "seqhooks_child_script_end": "eos"}
-    if delay_ms:
-        extra["seqhooks_step_delay_ms"] = delay_ms
-    return {"temperature": 0.0, "max_tokens": 100, "extra_args": extra}
+    return {"temperature": 0.0, "max_tokens": 100,
+            "extra_args": script_args(ids, children, delay_ms)}
 
 
 async def _held(url: str) -> dict[str, float]:
