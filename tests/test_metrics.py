@@ -66,3 +66,26 @@ def test_collector_exposition(tmp_path):
     assert len(PARK_BUCKETS) + 1 == len(json.loads((tmp_path / next(
         p.name for p in tmp_path.iterdir() if p.name.startswith("engine-0"))).read_text())
         ["park_seconds"]["buckets"])
+
+
+def test_an_engine_given_hooks_as_engine_arguments_names_its_directory_in_its_config(
+        monkeypatch):
+    """A frontend not started by the ``vllm serve`` flags (verl's server, a
+    trainer's own engine) gets its snapshot directory in the engine's
+    ``additional_config``, not in the environment: the ``vllm serve``
+    processes such a process starts later must not share it (their
+    ``/metrics`` would show its engines too)."""
+    from types import SimpleNamespace
+
+    from vllm_seqhooks.engine import metrics_export
+    from vllm_seqhooks.engine.metrics import ENV_DIR
+
+    monkeypatch.delenv(ENV_DIR, raising=False)
+    config = SimpleNamespace(additional_config={"seqhooks": {}})
+    metrics_export.enable_metrics_for(config)
+    directory = config.additional_config[metrics_export.CONFIG_KEY]
+    assert ENV_DIR not in os.environ
+    assert metrics_export.metrics_directory(config) == directory
+    assert directory in metrics_export._directories  # read by this process's collector
+    monkeypatch.setenv(ENV_DIR, "/served")  # a vllm serve process: its flags' directory
+    assert metrics_export.metrics_directory(config) == "/served"

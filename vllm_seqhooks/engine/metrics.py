@@ -228,8 +228,9 @@ def read_snapshots(directory: str | os.PathLike) -> list[dict[str, Any]]:
 class SnapshotCollector:
     """A prometheus_client collector over the engines' snapshot files."""
 
-    def __init__(self, directory: str | os.PathLike) -> None:
-        self.directory = Path(directory)
+    def __init__(self, directories: "list[str | os.PathLike] | str | os.PathLike") -> None:
+        #: The directories read (a list the caller may add to later).
+        self.directories = directories if isinstance(directories, list) else [directories]
 
     def describe(self):  # no fixed description: metrics appear at collect()
         return []
@@ -241,7 +242,7 @@ class SnapshotCollector:
             HistogramMetricFamily,
         )
 
-        snaps = read_snapshots(self.directory)
+        snaps = [s for d in list(self.directories) for s in read_snapshots(Path(d))]
         labels = ["model_name", "engine"]
         for name, doc in COUNTERS.items():
             fam = CounterMetricFamily(PREFIX + name, doc, labels=labels)
