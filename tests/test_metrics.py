@@ -68,24 +68,32 @@ def test_collector_exposition(tmp_path):
         ["park_seconds"]["buckets"])
 
 
-def test_an_engine_given_hooks_as_engine_arguments_names_its_directory_in_its_config(
-        monkeypatch):
-    """A frontend not started by the ``vllm serve`` flags (verl's server, a
-    trainer's own engine) gets its snapshot directory in the engine's
-    ``additional_config``, not in the environment: the ``vllm serve``
-    processes such a process starts later must not share it (their
-    ``/metrics`` would show its engines too)."""
-    from types import SimpleNamespace
-
+def test_a_metrics_directory_is_not_shared_with_the_servers_a_process_starts(monkeypatch):
+    """A process that runs an engine with hooks itself (verl's server, a
+    trainer, a test run) names a snapshot directory in its environment,
+    which the ``vllm serve`` processes it starts later inherit: each of
+    those takes a directory of its own (its ``/metrics`` must not show the
+    first process's engines), while a ``vllm serve``'s own API server
+    processes share its directory."""
     from vllm_seqhooks.engine import metrics_export
     from vllm_seqhooks.engine.metrics import ENV_DIR
 
-    monkeypatch.delenv(ENV_DIR, raising=False)
-    config = SimpleNamespace(additional_config={"seqhooks": {}})
-    metrics_export.enable_metrics_for(config)
-    directory = config.additional_config[metrics_export.CONFIG_KEY]
-    assert ENV_DIR not in os.environ
-    assert metrics_export.metrics_directory(config) == directory
-    assert directory in metrics_export._directories  # read by this process's collector
-    monkeypatch.setenv(ENV_DIR, "/served")  # a vllm serve process: its flags' directory
-    assert metrics_export.metrics_directory(config) == "/served"
+    for name in (ENV_DIR, metrics_export.OWNER_ENV):
+        monkeypatch.delenv(name, raising=False)
+    metrics_export.enable_metrics_for(None)  # a frontend of this process
+    engines = os.environ[ENV_DIR]
+    assert os.environ[metrics_export.OWNER_ENV] == f"engine:{os.getpid()}"
+    metrics_export.enable_metrics_for(None)  # another engine of this process: the same
+    assert os.environ[ENV_DIR] == engines
+    metrics_export.enable_metrics()  # as a vllm serve started by it (inheriting): its own
+    served = os.environ[ENV_DIR]
+    assert served != engines and os.environ[metrics_export.OWNER_ENV].startswith("serve:")
+    monkeypatch.setenv(metrics_export.OWNER_ENV, "serve:1")  # that serve's API servers
+    metrics_export.enable_metrics()
+    assert os.environ[ENV_DIR] == served
+    metrics_export.enable_metrics_for(None)  # a frontend inside a vllm serve: its directory
+    assert os.environ[ENV_DIR] == served
+    monkeypatch.setenv(metrics_export.OWNER_ENV, "engine:1")  # inherited from another process
+    metrics_export.enable_metrics_for(None)
+    assert os.environ[ENV_DIR] not in (engines, served)
+    assert {engines, served} <= set(metrics_export._directories)

@@ -9,12 +9,18 @@ engine with hooks: from the ``vllm serve`` flags (:mod:`.serve_flags`), and
 from the frontend's request check (:mod:`.vllm_private.frontend`), which
 vLLM builds before it starts the engine, so a server that gets its hook
 settings as engine arguments (verl's, from ``scheduler_cls`` and
-``additional_config``) exports them too (:func:`enable_metrics_for`). That
-one names its directory in the engine's own configuration
-(``additional_config["seqhooks_metrics_dir"]``), not in the environment: a
-process that runs engines itself (a trainer, a test run) must not hand its
-directory to the ``vllm serve`` processes it starts, whose ``/metrics``
-would then show its engines too.
+``additional_config``) exports them too (:func:`enable_metrics_for`).
+
+The directory is handed to the engines in the environment, which every
+process started later inherits, so it carries its owner
+(``SEQHOOKS_METRICS_OWNER``, ``serve:<pid>`` or ``engine:<pid>``): a
+``vllm serve`` reuses a directory only from another ``vllm serve`` process
+(its own API servers), and an engine's frontend only from a ``vllm serve``
+or from its own process. A process that runs engines itself (a trainer, a
+test run) and starts ``vllm serve`` processes thus gives each its own
+directory, whose ``/metrics`` shows its engines only. (Not in the engine's
+``additional_config``: that is part of vLLM's config hash, which names the
+compile caches.)
 """
 
 from __future__ import annotations
@@ -24,51 +30,38 @@ import os
 import shutil
 import tempfile
 
-#: The key of ``additional_config`` that names an engine's snapshot directory
-#: when the environment does not (:func:`enable_metrics_for`).
-CONFIG_KEY = "seqhooks_metrics_dir"
+#: Who made the directory ``SEQHOOKS_METRICS_DIR`` names: ``serve:<pid>`` or
+#: ``engine:<pid>``.
+OWNER_ENV = "SEQHOOKS_METRICS_OWNER"
 #: The snapshot directories this process's collector reads.
 _directories: list[str] = []
 
 
 def enable_metrics() -> None:
-    """Export the scheduler's metrics on the API server's ``/metrics``.
-
-    Names a snapshot directory for the engines (``SEQHOOKS_METRICS_DIR``,
-    inherited by the EngineCore processes started after this) and registers
-    a collector over it in this process's Prometheus registry."""
-    from vllm_seqhooks.engine.metrics import ENV_DIR
-
-    if not os.environ.get(ENV_DIR):
-        os.environ[ENV_DIR] = _new_directory()
-    carry_env_to_ray_actors()
-    install_collector(os.environ[ENV_DIR])
+    """Export the scheduler's metrics on the API server's ``/metrics``
+    (``vllm serve``): names a snapshot directory for the engines
+    (``SEQHOOKS_METRICS_DIR``, inherited by the EngineCore processes started
+    after this) and has this process's collector read it."""
+    _use_directory("serve", reuse_from=lambda kind, pid: kind == "serve")
 
 
 def enable_metrics_for(vllm_config) -> None:
-    """The same for one engine about to start from ``vllm_config`` when the
-    ``vllm serve`` flags did not set it up: its directory goes in its
-    ``additional_config`` (:data:`CONFIG_KEY`)."""
+    """The same for an engine about to start in a frontend the ``vllm serve``
+    flags did not set up (verl's server, a trainer's own ``AsyncLLM``)."""
+    del vllm_config  # (every engine of this process shares its directory)
+    _use_directory("engine", reuse_from=lambda kind, pid: kind == "serve" or pid == os.getpid())
+
+
+def _use_directory(kind: str, reuse_from) -> None:
     from vllm_seqhooks.engine.metrics import ENV_DIR
 
-    if os.environ.get(ENV_DIR):
-        install_collector(os.environ[ENV_DIR])
-        return
-    config = vllm_config.additional_config
-    if not isinstance(config, dict):
-        return
-    directory = config.get(CONFIG_KEY) or _new_directory()
-    config[CONFIG_KEY] = directory
-    install_collector(directory)
-
-
-def metrics_directory(vllm_config) -> str | None:
-    """Where an engine writes its snapshots (None: nowhere)."""
-    from vllm_seqhooks.engine.metrics import ENV_DIR
-
-    config = vllm_config.additional_config
-    named = config.get(CONFIG_KEY) if isinstance(config, dict) else None
-    return os.environ.get(ENV_DIR) or named
+    owner_kind, _, owner_pid = os.environ.get(OWNER_ENV, "").partition(":")
+    inherited = os.environ.get(ENV_DIR)
+    if not (inherited and reuse_from(owner_kind, int(owner_pid) if owner_pid.isdigit() else -1)):
+        os.environ[ENV_DIR] = _new_directory()
+        os.environ[OWNER_ENV] = f"{kind}:{os.getpid()}"
+    carry_env_to_ray_actors()
+    install_collector(os.environ[ENV_DIR])
 
 
 def _new_directory() -> str:

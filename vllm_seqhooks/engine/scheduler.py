@@ -55,7 +55,7 @@ from vllm_seqhooks.engine.joins import Joins
 from vllm_seqhooks.engine.kv_pressure import KVPressure
 from vllm_seqhooks.engine.lifecycle import Phase
 from vllm_seqhooks.engine.logprob_rows import LogprobRows
-from vllm_seqhooks.engine.metrics_export import metrics_directory
+from vllm_seqhooks.engine.metrics import ENV_DIR as METRICS_ENV_DIR
 from vllm_seqhooks.engine.metrics import HookMetrics
 from vllm_seqhooks.engine.parking import Parking
 from vllm_seqhooks.engine.spawning import Spawning
@@ -98,7 +98,7 @@ class SeqHooksMixin:
         self.metrics = HookMetrics(
             engine=str(vllm_config.parallel_config.data_parallel_index),
             model_name=served_model_name(vllm_config.model_config),
-            directory=metrics_directory(vllm_config),
+            directory=os.environ.get(METRICS_ENV_DIR),
         )
         self._build_parts(vllm_config)
         #: Whether a request with logprobs was admitted (children's rows are
