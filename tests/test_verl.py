@@ -161,12 +161,26 @@ def threadweaver_oracle(verl_env):
 @pytest.mark.parametrize("boundaries", ["ids", "text"])
 def test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm(
         verl_env, threadweaver_oracle, boundaries):
+    """With "text" boundaries the loop is switched in by the one line of
+    docs/rl.md: ``agent_loop_config_path`` = ``AGENT_LOOPS_AS_SINGLE_TURN``
+    with verl's default agent, ``single_turn_agent``, left as it is."""
     local = _verl_local()
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
     expected = threadweaver_oracle
+    one_line = {"actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent",
+                "actor_rollout_ref.rollout.agent.agent_loop_config_path":
+                    str(seqhooks_verl.AGENT_LOOPS_AS_SINGLE_TURN)}
     hooks = local.trainer_config(str(task.model_dir()),
                                  {"format": "auto", "boundary_tokenization": boundaries},
-                                 temperature=0.0)
-    batch = asyncio.run(_agent_loop_batch(local, hooks, [task.prompt_text(d) for d in PROBLEMS]))
+                                 temperature=0.0, overrides=one_line if boundaries == "text" else {})
+    saved = dict(_agent_loop_registry)
+    try:
+        batch = asyncio.run(_agent_loop_batch(local, hooks,
+                                              [task.prompt_text(d) for d in PROBLEMS]))
+    finally:  # (verl's registry is global: give single_turn_agent back)
+        _agent_loop_registry.clear()
+        _agent_loop_registry.update(saved)
 
     nt = batch.non_tensor_batch
     forked = 0
@@ -190,7 +204,8 @@ def test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm(
         owned = calls if boundaries == "ids" else [calls[0], calls[-1]] if len(calls) > 1 else calls
         assert sampled == sum(len(c) for c in owned)
     assert forked >= len(PROBLEMS) // 2  # the comparison covers families, not only plain samples
-    assert set(nt["agent_name"]) == {seqhooks_verl.AGENT_NAME}
+    assert set(nt["agent_name"]) == {seqhooks_verl.AGENT_NAME if boundaries == "ids"
+                                     else "single_turn_agent"}
     assert set(nt["stop_reason"]) == {"completed"}
 
 
