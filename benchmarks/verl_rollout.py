@@ -53,11 +53,10 @@ TEMPERATURE = 1.0
 
 def _round_stats(batch: Any, problems: list[Any], tok: Any, seconds: float,
                  native: bool) -> dict[str, Any]:
-    tensors, extra = batch.batch, batch.non_tensor_batch
-    width = tensors["response_mask"].shape[1]
-    lengths = tensors["attention_mask"][:, -width:].sum(-1).tolist()
-    texts = [tok.decode(tensors["responses"][i][:n].tolist(), skip_special_tokens=True)
-             for i, n in enumerate(lengths)]
+    from vllm_seqhooks.integrations.verl.local import responses
+
+    extra = batch.non_tensor_batch
+    texts = [tok.decode(r, skip_special_tokens=True) for r in responses(batch)]
     index = extra["index"]
     correct = sum(task.check(problems[int(index[i])].digits, t) for i, t in enumerate(texts))
     sampled = sum(len(r) for rows in extra["expanded_response_ids"] for r in rows)

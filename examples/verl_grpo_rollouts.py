@@ -59,9 +59,9 @@ async def rollouts(args: argparse.Namespace) -> None:
     tok = worker.tokenizer
     tensors, extra = batch.batch, batch.non_tensor_batch
     mask = tensors["response_mask"]
-    lengths = tensors["attention_mask"][:, -mask.shape[1]:].sum(-1).tolist()
-    texts = [tok.decode(tensors["responses"][i][:n].tolist(), skip_special_tokens=True)
-             for i, n in enumerate(lengths)]
+    ids = local.responses(batch)
+    lengths = [len(r) for r in ids]
+    texts = [tok.decode(r, skip_special_tokens=True) for r in ids]
     index = extra["index"]
     rewards = [float(task.check(problems[int(index[i])].digits, t)) for i, t in enumerate(texts)]
     token_rewards = torch.zeros(mask.shape, dtype=torch.float32)

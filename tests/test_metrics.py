@@ -80,10 +80,10 @@ def test_a_metrics_directory_is_not_shared_with_the_servers_a_process_starts(mon
 
     for name in (ENV_DIR, metrics_export.OWNER_ENV):
         monkeypatch.delenv(name, raising=False)
-    metrics_export.enable_metrics_for(None)  # a frontend of this process
+    metrics_export.enable_engine_metrics()  # a frontend of this process
     engines = os.environ[ENV_DIR]
     assert os.environ[metrics_export.OWNER_ENV] == f"engine:{os.getpid()}"
-    metrics_export.enable_metrics_for(None)  # another engine of this process: the same
+    metrics_export.enable_engine_metrics()  # another engine of this process: the same
     assert os.environ[ENV_DIR] == engines
     metrics_export.enable_metrics()  # as a vllm serve started by it (inheriting): its own
     served = os.environ[ENV_DIR]
@@ -91,9 +91,9 @@ def test_a_metrics_directory_is_not_shared_with_the_servers_a_process_starts(mon
     monkeypatch.setenv(metrics_export.OWNER_ENV, "serve:1")  # that serve's API servers
     metrics_export.enable_metrics()
     assert os.environ[ENV_DIR] == served
-    metrics_export.enable_metrics_for(None)  # a frontend inside a vllm serve: its directory
+    metrics_export.enable_engine_metrics()  # a frontend inside a vllm serve: its directory
     assert os.environ[ENV_DIR] == served
     monkeypatch.setenv(metrics_export.OWNER_ENV, "engine:1")  # inherited from another process
-    metrics_export.enable_metrics_for(None)
+    metrics_export.enable_engine_metrics()
     assert os.environ[ENV_DIR] not in (engines, served)
     assert {engines, served} <= set(metrics_export._directories)

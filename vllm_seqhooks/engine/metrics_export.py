@@ -9,7 +9,7 @@ engine with hooks: from the ``vllm serve`` flags (:mod:`.serve_flags`), and
 from the frontend's request check (:mod:`.vllm_private.frontend`), which
 vLLM builds before it starts the engine, so a server that gets its hook
 settings as engine arguments (verl's, from ``scheduler_cls`` and
-``additional_config``) exports them too (:func:`enable_metrics_for`).
+``additional_config``) exports them too (:func:`enable_engine_metrics`).
 
 The directory is handed to the engines in the environment, which every
 process started later inherits, so it carries its owner
@@ -45,10 +45,10 @@ def enable_metrics() -> None:
     _use_directory("serve", reuse_from=lambda kind, pid: kind == "serve")
 
 
-def enable_metrics_for(vllm_config) -> None:
+def enable_engine_metrics() -> None:
     """The same for an engine about to start in a frontend the ``vllm serve``
-    flags did not set up (verl's server, a trainer's own ``AsyncLLM``)."""
-    del vllm_config  # (every engine of this process shares its directory)
+    flags did not set up (verl's server, a trainer's own ``AsyncLLM``); the
+    engines of one such process share its directory."""
     _use_directory("engine", reuse_from=lambda kind, pid: kind == "serve" or pid == os.getpid())
 
 

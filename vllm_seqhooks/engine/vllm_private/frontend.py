@@ -51,7 +51,7 @@ def install_request_validator() -> None:
     from vllm.exceptions import VLLMValidationError
     from vllm.v1.engine.input_processor import InputProcessor
 
-    from vllm_seqhooks.engine.metrics_export import enable_metrics_for
+    from vllm_seqhooks.engine.metrics_export import enable_engine_metrics
     from vllm_seqhooks.engine.validation import chain_validators, hooks_enabled
 
     original = InputProcessor._build_logits_processors_params_validator
@@ -68,7 +68,7 @@ def install_request_validator() -> None:
         validator = original(self)
         if hooks_enabled(getattr(self.vllm_config, "additional_config", None)):
             validator = chain_validators(validator, VLLMValidationError)
-            enable_metrics_for(self.vllm_config)  # (before the engine starts from it)
+            enable_engine_metrics()  # (before the engine starts: it inherits the directory)
         return validator
 
     wrap_method(InputProcessor, "_build_logits_processors_params_validator",

@@ -13,7 +13,6 @@ are set there when the class has them, else they go in ``extra_fields``
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 from uuid import uuid4
 
@@ -26,8 +25,6 @@ except ImportError as exc:  # (say how to get it, not only what is missing)
 
 from vllm_seqhooks.integrations.verl import AGENT_NAME
 from vllm_seqhooks.integrations.verl.rows import agent_loop_fields
-
-logger = logging.getLogger("vllm.seqhooks.verl")
 
 
 @register(AGENT_NAME)

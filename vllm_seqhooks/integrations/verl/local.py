@@ -202,3 +202,12 @@ def prompts_batch(prompts: list[str], *, repeat: int = 1, global_step: int = 0):
     arrays = {"raw_prompt": np.empty(len(raw), dtype=object), "index": np.array(index)}
     arrays["raw_prompt"][:] = raw
     return DataProto.from_dict(non_tensors=arrays, meta_info={"global_steps": global_step})
+
+
+def responses(batch: Any) -> list[list[int]]:
+    """Each row's response token ids in verl's output ``DataProto``, without
+    the padding (verl pads every response to ``response_length``; the
+    response part of its attention mask says which are tokens)."""
+    tokens = batch.batch["responses"]
+    lengths = batch.batch["attention_mask"][:, -tokens.shape[1]:].sum(-1).tolist()
+    return [tokens[i][:n].tolist() for i, n in enumerate(lengths)]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from vllm_seqhooks.core.trace import TRACE_KEY
+from vllm_seqhooks.core.trace import completion_traces
 from vllm_seqhooks.rollout import completion_call_rows, completion_training_row
 
 #: The per-call rows' names (ThreadWeaver's ``AgentLoopOutput`` fields).
@@ -34,9 +34,21 @@ EXPANDED_LOGPROBS = "expanded_response_logprobs"
 def hook_trace(extra_fields: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """The hook trace in a ``TokenOutput``'s ``extra_fields`` (None: the
     request never forked, or the server has no hooks)."""
-    params = (extra_fields or {}).get("kv_transfer_params")
-    trace = params.get(TRACE_KEY) if isinstance(params, dict) else None
-    return trace if isinstance(trace, dict) else None
+    return completion_traces(extra_fields or {})[0]
+
+
+def _allowed(response_length: int, max_total_tokens: Optional[int], prompt_len: int) -> int:
+    """How many response tokens a row keeps: ``response_length``, and what
+    fits ``max_total_tokens`` after its prompt."""
+    if max_total_tokens is None:
+        return response_length
+    return max(0, min(response_length, max_total_tokens - prompt_len))
+
+
+def _floats(logprobs: Sequence[Optional[float]]) -> list[float]:
+    """Logprobs as verl's tensors take them: 0.0 where there is none (an
+    inserted token, or one whose logprob was not kept)."""
+    return [0.0 if lp is None else float(lp) for lp in logprobs]
 
 
 def agent_loop_fields(prompt_ids: Sequence[int], token_ids: Sequence[int],
@@ -49,16 +61,13 @@ def agent_loop_fields(prompt_ids: Sequence[int], token_ids: Sequence[int],
     trace = hook_trace(extra_fields)
     lps = list(log_probs) if log_probs else None
     row = completion_training_row(prompt, response, trace, lps)
-    allowed = response_length
-    if max_total_tokens is not None:
-        allowed = max(0, min(allowed, max_total_tokens - len(prompt)))
+    allowed = _allowed(response_length, max_total_tokens, len(prompt))
     logprobs = row["rollout_logprobs"]
     fields: dict[str, Any] = {
         "prompt_ids": prompt,
         "response_ids": response[:allowed],
         "response_mask": row["response_mask"][:allowed],
-        "response_logprobs": (None if logprobs is None
-                              else [0.0 if lp is None else float(lp) for lp in logprobs[:allowed]]),
+        "response_logprobs": None if logprobs is None else _floats(logprobs[:allowed]),
     }
     fields["extra_fields"] = expanded_rows(prompt, response, trace, lps,
                                            response_length=response_length,
@@ -75,16 +84,12 @@ def expanded_rows(prompt: list[int], response: list[int], trace: Optional[dict[s
     if log_probs is not None:
         out[EXPANDED_LOGPROBS] = []
     for call in completion_call_rows(prompt, response, trace, log_probs):
-        context, sampled = call["context_ids"], call["response_ids"]
-        allowed = response_length
-        if max_total_tokens is not None:
-            allowed = min(allowed, max_total_tokens - len(context))
-        sampled = sampled[: max(0, allowed)]
+        context = call["context_ids"]
+        sampled = call["response_ids"][: _allowed(response_length, max_total_tokens, len(context))]
         out["expanded_prompt_ids"].append(list(context))
         out["expanded_response_ids"].append(list(sampled))
         out["expanded_response_mask"].append([1] * len(sampled))
         if log_probs is not None:
             lps = list(call["rollout_logprobs"] or [])[: len(sampled)]
-            lps += [None] * (len(sampled) - len(lps))  # (aligned: 0.0 where none was kept)
-            out[EXPANDED_LOGPROBS].append([0.0 if lp is None else float(lp) for lp in lps])
+            out[EXPANDED_LOGPROBS].append(_floats(lps + [None] * (len(sampled) - len(lps))))
     return out
