@@ -41,6 +41,15 @@ def test_importing_the_integration_needs_neither_verl_nor_vllm():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_agent_loop_without_verl_says_how_to_get_it():
+    code = ("import sys; sys.modules['verl'] = None\n"
+            "try:\n    import vllm_seqhooks.integrations.verl.agent_loop\n"
+            "except ImportError as exc:\n    print(exc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "subclasses verl's AgentLoopBase" in out.stdout
+    assert "docs/rl.md" in out.stdout
+
+
 def test_engine_kwargs_name_the_scheduler_the_settings_and_both_worker_extensions():
     got = seqhooks_verl.engine_kwargs({"format": "threadweaver", "boundary_tokenization": "ids"},
                                       additional_config={"mine": 1})
