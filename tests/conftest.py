@@ -62,3 +62,25 @@ def _no_stale_cpu_tp_segments():
 
     remove_stale_cpu_shm()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _metrics_env_restored():
+    """Hook metrics name their snapshot directory and its owner in
+    ``os.environ`` (:mod:`vllm_seqhooks.engine.metrics_export`), where they
+    stay for the process's later engines and the ``vllm serve`` processes it
+    starts. A test that parses the ``vllm serve`` flags in this process
+    makes it look like a ``vllm serve``: every server started later would
+    then share this process's directory and show its in-process engines
+    (two ``engine="0"`` series). Each test gets the variables as they were
+    before it."""
+    from vllm_seqhooks.engine.metrics import ENV_DIR
+    from vllm_seqhooks.engine.metrics_export import OWNER_ENV
+
+    before = {name: os.environ.get(name) for name in (ENV_DIR, OWNER_ENV)}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

@@ -58,14 +58,12 @@ def test_engine_arguments(short_of_memory, monkeypatch, caplog):
     assert cpu_memory.cpu_memory_args({}) == {}
 
 
-def test_serve_flags(short_of_memory, tiny_model_dir, monkeypatch, tmp_path):
+def test_serve_flags(short_of_memory, tiny_model_dir):
     """``vllm serve MODEL --seqhooks ...`` without memory flags starts on a
     machine where vLLM's default would be refused; with them, as given."""
     from tests.test_plugin import serve_parser
 
-    from vllm_seqhooks.engine.metrics import ENV_DIR
 
-    monkeypatch.setenv(ENV_DIR, str(tmp_path))
     hooks = ["--sync-token-id", "6", "--promise-token-id", "4"]
     ns = serve_parser().parse_args([tiny_model_dir, *hooks])
     assert ns.kv_cache_memory_bytes == pytest.approx(13.37 * GIB / 2, rel=1e-3)

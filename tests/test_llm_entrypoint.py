@@ -60,16 +60,20 @@ def test_hooks_in_the_default_multiprocess_engine(tiny_model_dir, tiny_llm_kwarg
               special_kwargs={"sync_token": "<sync>", "promise_token": "<promise>",
                               "promise_end_token": "</promise>", "merge_separator": " | "},
               logits_processors=[SCRIPTED_LOGITS_PROCESSOR_FQCN], **kwargs)
-    assert llm.llm_engine.engine_core.__class__.__name__ != "InprocClient"
-    S = Scripts(llm.get_tokenizer())
-    params = S.params("go<promise>a</promise><promise>b</promise><sync>!", {"0": "X", "1": "YY"})
-    out = llm.generate(["multi"], params, use_tqdm=False)[0]
-    assert out.outputs[0].text == "go<promise>a</promise><promise>b</promise><sync>X | YY!"
-    assert [c["output"] for c in out.hook_trace["children"]] == ["X", "YY"]
-    assert "join of ['0', '1']" in format_tree(out.hook_trace)
-    chat = llm.chat([{"role": "user", "content": "hi"}],
-                    S.params("<promise>q</promise><sync>", {"0": "Z"}), use_tqdm=False)[0]
-    assert chat.outputs[0].text == "<promise>q</promise><sync>Z"
+    try:
+        assert llm.llm_engine.engine_core.__class__.__name__ != "InprocClient"
+        S = Scripts(llm.get_tokenizer())
+        params = S.params("go<promise>a</promise><promise>b</promise><sync>!",
+                          {"0": "X", "1": "YY"})
+        out = llm.generate(["multi"], params, use_tqdm=False)[0]
+        assert out.outputs[0].text == "go<promise>a</promise><promise>b</promise><sync>X | YY!"
+        assert [c["output"] for c in out.hook_trace["children"]] == ["X", "YY"]
+        assert "join of ['0', '1']" in format_tree(out.hook_trace)
+        chat = llm.chat([{"role": "user", "content": "hi"}],
+                        S.params("<promise>q</promise><sync>", {"0": "Z"}), use_tqdm=False)[0]
+        assert chat.outputs[0].text == "<promise>q</promise><sync>Z"
+    finally:
+        llm.shutdown()  # its EngineCore process: not left running for the rest of the run
 
 
 def test_hooks_with_two_tensor_parallel_worker_processes(tiny_model_dir, tiny_llm_kwargs,

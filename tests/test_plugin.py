@@ -44,12 +44,7 @@ def test_no_hook_flag_changes_nothing(tiny_model_dir):
     assert not (ns.additional_config or {}).get("seqhooks")
 
 
-def test_flags_become_the_python_configuration(tiny_model_dir, monkeypatch, tmp_path):
-    # parsing hook flags names a metrics directory in os.environ: keep it
-    # out of the servers later tests start (monkeypatch restores it)
-    from vllm_seqhooks.engine.metrics import ENV_DIR
-
-    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+def test_flags_become_the_python_configuration(tiny_model_dir):
     from vllm_seqhooks import SpecialKwargs
     from vllm_seqhooks.engine import SCHEDULER_CLASS_PATH
 
@@ -76,10 +71,7 @@ def test_flags_become_the_python_configuration(tiny_model_dir, monkeypatch, tmp_
     assert args.additional_config["seqhooks"] == got.to_dict()
 
 
-def test_conflicting_scheduler_is_an_error(tiny_model_dir, capsys, monkeypatch, tmp_path):
-    from vllm_seqhooks.engine.metrics import ENV_DIR
-
-    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+def test_conflicting_scheduler_is_an_error(tiny_model_dir, capsys):
     with pytest.raises(SystemExit) as exc:
         serve_parser().parse_args([tiny_model_dir, "--sync-token-id", "6",
                                    "--promise-token-id", "4", "--scheduler-cls",
@@ -88,10 +80,7 @@ def test_conflicting_scheduler_is_an_error(tiny_model_dir, capsys, monkeypatch, 
     assert "--scheduler-cls" in capsys.readouterr().err
 
 
-def test_kv_transfer_config_with_hooks_is_an_error(tiny_model_dir, capsys, monkeypatch, tmp_path):
-    from vllm_seqhooks.engine.metrics import ENV_DIR
-
-    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+def test_kv_transfer_config_with_hooks_is_an_error(tiny_model_dir, capsys):
     with pytest.raises(SystemExit) as exc:
         serve_parser().parse_args([
             tiny_model_dir, "--sync-token-id", "6", "--promise-token-id", "4",
@@ -102,26 +91,22 @@ def test_kv_transfer_config_with_hooks_is_an_error(tiny_model_dir, capsys, monke
     assert "--kv-transfer-config" in err and "parked at <sync>" in err
 
 
-def test_hook_flags_round_trip(tiny_model_dir, monkeypatch, tmp_path):
+def test_hook_flags_round_trip(tiny_model_dir):
     """The flags hook_flags() writes parse back to the same settings."""
     from vllm_seqhooks import SpecialKwargs
     from vllm_seqhooks.tasks import forkjoin as task
-    from vllm_seqhooks.engine.metrics import ENV_DIR
     from vllm_seqhooks.engine.serve_flags import hook_flags
 
-    monkeypatch.setenv(ENV_DIR, str(tmp_path))
     settings = task.hook_settings()
     ns = serve_parser().parse_args([tiny_model_dir, *hook_flags(settings)])
     got = SpecialKwargs.from_additional_config(ns.additional_config)
     assert {k: getattr(got, k) for k in settings} == settings
 
 
-def test_limit_flags_become_the_configuration(tiny_model_dir, monkeypatch, tmp_path):
+def test_limit_flags_become_the_configuration(tiny_model_dir):
     from vllm_seqhooks import SpecialKwargs
-    from vllm_seqhooks.engine.metrics import ENV_DIR
     from vllm_seqhooks.engine.serve_flags import hook_flags
 
-    monkeypatch.setenv(ENV_DIR, str(tmp_path))
     settings = {"family_token_factor": 4, "max_descendants": 30,
                 "max_live_children_per_family": 8, "max_live_children": 100,
                 "child_timeout_s": 2.5, "family_timeout_s": 60.0, "fair_share": False}
@@ -141,11 +126,7 @@ def test_limit_flags_become_the_configuration(tiny_model_dir, monkeypatch, tmp_p
     (["--max-live-children", "0"], "argument --max-live-children: expected an integer >= 1"),
     (["--family-token-factor", "x"], "argument --family-token-factor: expected an integer"),
 ])
-def test_bad_limit_flags_exit_with_a_clear_message(tiny_model_dir, capsys, monkeypatch,
-                                                   tmp_path, flags, message):
-    from vllm_seqhooks.engine.metrics import ENV_DIR
-
-    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+def test_bad_limit_flags_exit_with_a_clear_message(tiny_model_dir, capsys, flags, message):
     with pytest.raises(SystemExit) as exc:
         serve_parser().parse_args([tiny_model_dir, "--sync-token-id", "6",
                                    "--promise-token-id", "4", *flags])
@@ -154,15 +135,12 @@ def test_bad_limit_flags_exit_with_a_clear_message(tiny_model_dir, capsys, monke
 
 
 @pytest.mark.parametrize("name", ["threadweaver", "multiverse", "npr", "parallel-r1"])
-def test_seqhooks_format_flag_and_tag_overrides(tiny_model_dir, monkeypatch, tmp_path, name,
-                                                capsys):
+def test_seqhooks_format_flag_and_tag_overrides(tiny_model_dir, name, capsys):
     """``vllm serve MODEL --seqhooks NAME``: the preset; the tag flags
     override its fields."""
     from vllm_seqhooks import SpecialKwargs
-    from vllm_seqhooks.engine.metrics import ENV_DIR
     from vllm_seqhooks.config.presets import expand
 
-    monkeypatch.setenv(ENV_DIR, str(tmp_path))
     ns = serve_parser().parse_args([tiny_model_dir, "--seqhooks", name])
     got = SpecialKwargs.from_additional_config(ns.additional_config)
     assert got.tag_format == SpecialKwargs(**expand(name)).tag_format
@@ -180,11 +158,9 @@ def test_seqhooks_format_flag_and_tag_overrides(tiny_model_dir, monkeypatch, tmp
     assert (got.merge_suffix, got.fork_min_tokens, got.child_eos_text) == ("\n", 7, "</X>")
 
 
-def test_tag_format_flags_alone(tiny_model_dir, monkeypatch, tmp_path):
+def test_tag_format_flags_alone(tiny_model_dir):
     from vllm_seqhooks import SpecialKwargs
-    from vllm_seqhooks.engine.metrics import ENV_DIR
 
-    monkeypatch.setenv(ENV_DIR, str(tmp_path))
     ns = serve_parser().parse_args([tiny_model_dir, "--fork-tag", "<P>", "--fork-count", "3",
                                     "--child-header", "<Q{n}>", "--child-end-tag", "</Q>"])
     fmt = SpecialKwargs.from_additional_config(ns.additional_config).tag_format
@@ -199,23 +175,17 @@ def test_tag_format_flags_alone(tiny_model_dir, monkeypatch, tmp_path):
     (["--fork-tag", "<P>", "--fork-count", "0"], "argument --fork-count: expected an integer >= 1"),
     (["--seqhooks", "threadweaver", "--fork-tag", "</Outlinés>"], "cannot be written with this model"),
 ])
-def test_bad_tag_format_flags_exit_with_a_clear_message(tiny_model_dir, capsys, monkeypatch,
-                                                        tmp_path, flags, message):
-    from vllm_seqhooks.engine.metrics import ENV_DIR
-
-    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+def test_bad_tag_format_flags_exit_with_a_clear_message(tiny_model_dir, capsys, flags, message):
     with pytest.raises(SystemExit) as exc:
         serve_parser().parse_args([tiny_model_dir, *flags])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 
 
-def test_a_cli_error_keeps_the_users_token_text(tiny_model_dir, capsys, monkeypatch, tmp_path):
+def test_a_cli_error_keeps_the_users_token_text(tiny_model_dir, capsys):
     """Field names become flag names in CLI errors, but not inside the
     user's own values (``join`` is a field; ``'<join>'`` is the user's)."""
-    from vllm_seqhooks.engine.metrics import ENV_DIR
 
-    monkeypatch.setenv(ENV_DIR, str(tmp_path))
     with pytest.raises(SystemExit) as exc:
         serve_parser().parse_args([tiny_model_dir, "--sync-token", "<join>",
                                    "--promise-token-id", "4"])
