@@ -68,32 +68,45 @@ def test_collector_exposition(tmp_path):
         ["park_seconds"]["buckets"])
 
 
-def test_a_metrics_directory_is_not_shared_with_the_servers_a_process_starts(monkeypatch):
+def test_a_metrics_directory_is_not_shared_with_the_servers_a_process_starts(monkeypatch,
+                                                                            tmp_path):
     """A process that runs an engine with hooks itself (verl's server, a
     trainer, a test run) names a snapshot directory in its environment,
     which the ``vllm serve`` processes it starts later inherit: each of
     those takes a directory of its own (its ``/metrics`` must not show the
     first process's engines), while a ``vllm serve``'s own API server
-    processes share its directory."""
+    processes share its directory. A directory the user names is used by
+    all."""
     from vllm_seqhooks.engine import metrics_export
     from vllm_seqhooks.engine.metrics import ENV_DIR
+
+    def owner():
+        return os.environ[metrics_export.OWNER_ENV]
 
     for name in (ENV_DIR, metrics_export.OWNER_ENV):
         monkeypatch.delenv(name, raising=False)
     metrics_export.enable_engine_metrics()  # a frontend of this process
     engines = os.environ[ENV_DIR]
-    assert os.environ[metrics_export.OWNER_ENV] == f"engine:{os.getpid()}"
+    assert owner() == f"engine:{os.getpid()}:{engines}"
     metrics_export.enable_engine_metrics()  # another engine of this process: the same
     assert os.environ[ENV_DIR] == engines
     metrics_export.enable_metrics()  # as a vllm serve started by it (inheriting): its own
     served = os.environ[ENV_DIR]
-    assert served != engines and os.environ[metrics_export.OWNER_ENV].startswith("serve:")
-    monkeypatch.setenv(metrics_export.OWNER_ENV, "serve:1")  # that serve's API servers
+    assert served != engines and owner() == f"serve:{os.getpid()}:{served}"
+    monkeypatch.setenv(metrics_export.OWNER_ENV, f"serve:1:{served}")  # that serve's API servers
     metrics_export.enable_metrics()
     assert os.environ[ENV_DIR] == served
     metrics_export.enable_engine_metrics()  # a frontend inside a vllm serve: its directory
     assert os.environ[ENV_DIR] == served
-    monkeypatch.setenv(metrics_export.OWNER_ENV, "engine:1")  # inherited from another process
+    monkeypatch.setenv(metrics_export.OWNER_ENV, f"engine:1:{served}")  # another process's
     metrics_export.enable_engine_metrics()
     assert os.environ[ENV_DIR] not in (engines, served)
+    # The user names a directory (shared storage, for a headless rank): a
+    # vllm serve uses it, whoever the inherited owner names.
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    metrics_export.enable_metrics()
+    assert os.environ[ENV_DIR] == str(tmp_path)
+    monkeypatch.delenv(metrics_export.OWNER_ENV)
+    metrics_export.enable_metrics()
+    assert os.environ[ENV_DIR] == str(tmp_path)
     assert {engines, served} <= set(metrics_export._directories)

@@ -11,14 +11,16 @@ vLLM builds before it starts the engine, so a server that gets its hook
 settings as engine arguments (verl's, from ``scheduler_cls`` and
 ``additional_config``) exports them too (:func:`enable_engine_metrics`).
 
-The directory is handed to the engines in the environment, which every
-process started later inherits, so it carries its owner
-(``SEQHOOKS_METRICS_OWNER``, ``serve:<pid>`` or ``engine:<pid>``): a
-``vllm serve`` reuses a directory only from another ``vllm serve`` process
-(its own API servers), and an engine's frontend only from a ``vllm serve``
-or from its own process. A process that runs engines itself (a trainer, a
-test run) and starts ``vllm serve`` processes thus gives each its own
-directory, whose ``/metrics`` shows its engines only. (Not in the engine's
+A directory the user names (``SEQHOOKS_METRICS_DIR`` set by hand: storage
+that a headless rank on another node shares) is always used. One made here
+is handed to the engines in the environment, which every process started
+later inherits, so it carries its owner (``SEQHOOKS_METRICS_OWNER``,
+``serve:<pid>:<directory>`` or ``engine:<pid>:<directory>``): a ``vllm
+serve`` reuses it only from another ``vllm serve`` process (its own API
+servers), and an engine's frontend only from a ``vllm serve`` or from its
+own process. A process that runs engines itself (a trainer, a test run) and
+starts ``vllm serve`` processes thus gives each its own directory, whose
+``/metrics`` shows its engines only. (Not in the engine's
 ``additional_config``: that is part of vLLM's config hash, which names the
 compile caches.)
 """
@@ -30,8 +32,9 @@ import os
 import shutil
 import tempfile
 
-#: Who made the directory ``SEQHOOKS_METRICS_DIR`` names: ``serve:<pid>`` or
-#: ``engine:<pid>``.
+#: Who made the directory ``SEQHOOKS_METRICS_DIR`` names, and which it was:
+#: ``serve:<pid>:<directory>`` or ``engine:<pid>:<directory>`` (absent, or
+#: naming another directory: the user named it).
 OWNER_ENV = "SEQHOOKS_METRICS_OWNER"
 #: The snapshot directories this process's collector reads.
 _directories: list[str] = []
@@ -55,11 +58,15 @@ def enable_engine_metrics() -> None:
 def _use_directory(kind: str, reuse_from) -> None:
     from vllm_seqhooks.engine.metrics import ENV_DIR
 
-    owner_kind, _, owner_pid = os.environ.get(OWNER_ENV, "").partition(":")
     inherited = os.environ.get(ENV_DIR)
-    if not (inherited and reuse_from(owner_kind, int(owner_pid) if owner_pid.isdigit() else -1)):
-        os.environ[ENV_DIR] = _new_directory()
-        os.environ[OWNER_ENV] = f"{kind}:{os.getpid()}"
+    owner_kind, _, rest = os.environ.get(OWNER_ENV, "").partition(":")
+    owner_pid, _, owner_dir = rest.partition(":")
+    named_by_user = bool(inherited) and owner_dir != inherited
+    if not (named_by_user or inherited and reuse_from(
+            owner_kind, int(owner_pid) if owner_pid.isdigit() else -1)):
+        directory = _new_directory()
+        os.environ[ENV_DIR] = directory
+        os.environ[OWNER_ENV] = f"{kind}:{os.getpid()}:{directory}"
     carry_env_to_ray_actors()
     install_collector(os.environ[ENV_DIR])
 
