@@ -8,9 +8,9 @@
 # first time with scripts/setup_vllm033.sh). All always run; the exit status
 # is non-zero if any fails (pytest's 5, "no tests collected", included).
 #
-# Two lanes run side by side: the tests keep about one of two cores busy
-# (measured over a sequential run: the CPU half idle), so the suite takes
-# about the time of the longer lane. The second lane runs the vLLM 0.33 part
+# Two lanes run side by side (with two CPUs or more): the tests keep about
+# one of two cores busy (measured over a sequential run: the CPU half idle),
+# so the suite takes about the time of the longer lane. The second lane runs the vLLM 0.33 part
 # and the files in SECOND_LANE, one after another: every test that starts
 # engines with vLLM's default memory (the README's commands as pasted, the
 # wheel's, verl's servers) or a Ray cluster is there, so that no two of them
@@ -43,7 +43,8 @@ vllm033_part() {
   fi
 }
 
-if [ $# -gt 0 ] || [ "${SEQHOOKS_TEST_LANES:-2}" = "1" ]; then
+cpus=$("$PY" -c 'import os; print(" ".join(map(str, sorted(os.sched_getaffinity(0)))))')
+if [ $# -gt 0 ] || [ "${SEQHOOKS_TEST_LANES:-2}" = "1" ] || [ "$(wc -w <<<"$cpus")" -lt 2 ]; then
   status=0
   PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
   "$PY" -m pytest tests --durations=30 "$@" || status=$?
@@ -53,6 +54,11 @@ fi
 
 second_log=$(mktemp -t seqhooks-second-lane.XXXXXX.log)
 (
+  # vLLM's CPU workers bind their OpenMP threads: by default ("auto", one
+  # core kept for the scheduler) to the first core, in both lanes, where
+  # they would take turns; the second lane's go to the last core. (Tests
+  # that run several ranks bind them themselves.)
+  export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-${cpus##* }}
   lane_status=0
   vllm033_part || lane_status=$?
   "$PY" -m pytest "${SECOND_LANE[@]}" --durations=15 || lane_status=$?
