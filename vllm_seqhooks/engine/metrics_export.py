@@ -61,8 +61,8 @@ def _use_directory(kind: str, reuse_from) -> None:
     inherited = os.environ.get(ENV_DIR)
     owner_kind, _, rest = os.environ.get(OWNER_ENV, "").partition(":")
     owner_pid, _, owner_dir = rest.partition(":")
-    named_by_user = bool(inherited) and owner_dir != inherited
-    if not (named_by_user or inherited and reuse_from(
+    # (owner_dir != inherited: the user named it)
+    if not inherited or (owner_dir == inherited and not reuse_from(
             owner_kind, int(owner_pid) if owner_pid.isdigit() else -1)):
         directory = _new_directory()
         os.environ[ENV_DIR] = directory
