@@ -326,14 +326,15 @@ def save_model(model, out: Path, info: dict, torch, dtype: str, task) -> None:
         (tmp / "tokenizer.json").write_text(
             tm._dump_json(json.loads(tok.to_str())), encoding="utf-8")
         (tmp / "tokenizer_config.json").write_text(
-            tm._dump_json(tm._tokenizer_config(task.extra_tokens)))
+            tm._dump_json(tm._tokenizer_config(task.extra_tokens,
+                                              task.module.CHAT_TEMPLATE)))
         special_map = {"bos_token": tm.BOS_TOKEN, "eos_token": tm.EOS_TOKEN,
                        "pad_token": tm.PAD_TOKEN, "unk_token": tm.UNK_TOKEN}
         (tmp / "special_tokens_map.json").write_text(tm._dump_json(special_map))
         (tmp / "training.json").write_text(json.dumps(info, indent=2) + "\n")
         # The hook protocol travels with the model (special_kwargs="auto").
         (tmp / "seqhooks.json").write_text(
-            json.dumps(task.module.MODEL_SETTINGS, indent=2) + "\n")
+            json.dumps(task.module.SEQHOOKS_JSON, indent=2) + "\n")
         for f in tmp.iterdir():
             os.chmod(f, 0o644)
         os.chmod(tmp, 0o755)

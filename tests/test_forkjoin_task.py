@@ -218,18 +218,34 @@ def test_trained_model_with_ngram_speculative_decoding():
 
 @pytest.mark.slow
 def test_embedded_model_with_auto_settings_llm():
-    """The model carries its protocol: ``special_kwargs="auto"`` is enough."""
+    """The model carries its protocol and its engine's size:
+    ``special_kwargs="auto"`` is enough (no memory, block size or length
+    given: the model's ``"engine"`` defaults, not vLLM's machine-sized ones).
+    Chat answers what completions answer (the model's chat template renders
+    the one user message as the bare problem); a chat it was not trained for
+    is refused, saying so."""
     from vllm import SamplingParams
 
     from vllm_seqhooks import LLM
 
     problems = task.heldout_problems(12, seed=4321)
+    params = SamplingParams(temperature=0.0, max_tokens=task.PARENT_MAX_TOKENS)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        llm = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS)
-        outs = llm.generate([p.prompt for p in problems],
-                            SamplingParams(temperature=0.0, max_tokens=task.PARENT_MAX_TOKENS),
-                            use_tqdm=False)
+        llm = LLM(str(task.model_dir()), special_kwargs="auto", dtype="float32",
+                  enforce_eager=True, seed=0)
+        outs = llm.generate([p.prompt for p in problems], params, use_tqdm=False)
+        chats = llm.chat([[{"role": "user", "content": p.prompt}] for p in problems], params,
+                         use_tqdm=False)
+        with pytest.raises(Exception, match="not chat turns: send one user message"):
+            llm.chat([{"role": "system", "content": "You sort digits."},
+                      {"role": "user", "content": problems[0].prompt}], params, use_tqdm=False)
+    config = llm.llm_engine.vllm_config
+    assert config.cache_config.block_size == task.ENGINE_DEFAULTS["block_size"]
+    assert config.cache_config.kv_cache_memory_bytes == task.ENGINE_DEFAULTS["kv_cache_memory_bytes"]
+    assert config.model_config.max_model_len == task.ENGINE_DEFAULTS["max_model_len"]
     assert llm.special_kwargs.child_prompt_template == task.CHILD_PROMPT_TEMPLATE
     assert all(task.check_full_text(p, o.outputs[0].text) for p, o in zip(problems, outs))
     assert any(o.hook_trace and o.hook_trace["children"] for o in outs)
+    assert [c.outputs[0].text for c in chats] == [o.outputs[0].text for o in outs]
+    assert [c.prompt_token_ids for c in chats] == [o.prompt_token_ids for o in outs]

@@ -207,3 +207,39 @@ def test_help_shows_defaults_as_typed():
     assert shown["--max-child-depth"] == 1
     ns = parser.parse_args(["m"])  # (no hook flag: nothing is configured from them)
     assert getattr(ns, "scheduler_cls", None) is None
+
+
+def test_the_models_engine_defaults_fill_what_the_user_left_unset(tmp_path):
+    """``--seqhooks auto`` on a model whose seqhooks.json carries engine
+    defaults: memory, block size and length come from it where no flag was
+    given; a flag given wins, and a memory choice of any kind (also
+    ``--gpu-memory-utilization``) keeps the model's KV cache size out. A typo
+    in the file's ``"engine"`` is refused, naming the file."""
+    import json
+
+    from vllm_seqhooks.tasks import forkjoin as task
+
+    model = str(task.model_dir())
+    ns = serve_parser().parse_args([model, "--seqhooks", "auto"])
+    assert (ns.kv_cache_memory_bytes, ns.block_size, ns.max_model_len) == (128 << 20, 32, 256)
+    ns = serve_parser().parse_args([model, "--seqhooks", "auto", "--block-size", "64",
+                                    "--max-model-len", "128"])
+    assert (ns.kv_cache_memory_bytes, ns.block_size, ns.max_model_len) == (128 << 20, 64, 128)
+    ns = serve_parser().parse_args([model, "--seqhooks", "auto", "--gpu-memory-utilization", "0.5"])
+    assert ns.kv_cache_memory_bytes is None and ns.block_size == 32
+    ns = serve_parser().parse_args([model, "--seqhooks", "auto", "--kv-cache-memory-bytes", "1G"])
+    assert ns.kv_cache_memory_bytes == 1 << 30
+    # a model without engine defaults: vLLM's own (and, on CPU, half the free
+    # memory as KV cache when vLLM's default would be refused: cpu_memory.py)
+    copy = tmp_path / "model"
+    copy.mkdir()
+    for f in task.model_dir().iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    (copy / "seqhooks.json").write_text(json.dumps(task.MODEL_SETTINGS))
+    ns = serve_parser().parse_args([str(copy), "--seqhooks", "auto"])
+    assert (ns.block_size, ns.max_model_len) == (None, None)
+    assert ns.kv_cache_memory_bytes != 128 << 20
+    (copy / "seqhooks.json").write_text(json.dumps(
+        {**task.MODEL_SETTINGS, "engine": {"block_sise": 32}}))
+    with pytest.raises(SystemExit):
+        serve_parser().parse_args([str(copy), "--seqhooks", "auto"])

@@ -63,7 +63,7 @@ def test_embedded_model_carries_the_settings_it_was_trained_with():
     from vllm_seqhooks.tasks import forkjoin as task
 
     shipped = json.loads((task.model_dir() / MODEL_FILE).read_text())
-    assert shipped == task.MODEL_SETTINGS
+    assert shipped == task.SEQHOOKS_JSON
     tok = AutoTokenizer.from_pretrained(str(task.model_dir()))
     auto = coerce_special_kwargs("auto", task.model_dir()).resolve(tok)
     explicit = SpecialKwargs(**task.hook_settings()).resolve(tok)

@@ -126,7 +126,7 @@ def test_shipped_model_files_and_settings(codec):
               "tokenizer_config.json", "special_tokens_map.json", "training.json"):
         assert (d / f).is_file(), f
     settings = json.loads((d / "seqhooks.json").read_text())
-    assert settings == task.MODEL_SETTINGS
+    assert settings == task.SEQHOOKS_JSON
     hooks = SpecialKwargs(**expand("auto", d))
     assert hooks.tag_format == task.tag_format()
     assert hooks.child_max_tokens == task.CHILD_MAX_TOKENS

@@ -135,7 +135,7 @@ async def _oracle_rows(local, cfg, prompts):
             return out.token_ids
 
         params = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0}
-        tok.chat_template = cfg.actor_rollout_ref.model.custom_chat_template
+        assert cfg.actor_rollout_ref.model.custom_chat_template is None  # the model's own
         results = []
         for text in prompts:
             # (as ThreadWeaver's SingleTurnAgentLoop.run builds its prompt)

@@ -22,7 +22,7 @@ from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.core.trace import attach_traces
 from vllm_seqhooks.engine import patches
 from vllm_seqhooks.engine.cpu_memory import cpu_memory_args
-from vllm_seqhooks.engine.engine_args import hook_engine_args, load_tokenizer
+from vllm_seqhooks.engine.engine_args import hook_engine_args, load_tokenizer, model_engine_args
 
 
 class LLM(vllm.LLM):
@@ -41,6 +41,7 @@ class LLM(vllm.LLM):
         if hooks is not None:
             if not hooks.is_resolved:
                 hooks = hooks.resolve(load_tokenizer(model, **kwargs))
+            kwargs = {**kwargs, **model_engine_args(model, kwargs.get)}
             kwargs = {**kwargs, **hook_engine_args(hooks, kwargs), **cpu_memory_args(kwargs)}
             patches.install_frontend_patches()
         super().__init__(model, **kwargs)

@@ -6,7 +6,8 @@
   ``<sync>``, token strings resolved through the model's tokenizer), or a published model family's tag format: ``"threadweaver"``,
   ``"multiverse"``, ``"npr"``, ``"parallel-r1"`` (docs/formats/);
 * ``"auto"``: the settings stored in the model directory, ``seqhooks.json``
-  beside ``config.json``;
+  beside ``config.json`` (whose ``"engine"`` object, if any, holds engine
+  defaults sized to the model: :mod:`vllm_seqhooks.config.engine_defaults`);
 * a dict, which may name a preset under ``"format"`` and override any of its
   fields (a ``seqhooks.json`` has the same form).
 
@@ -21,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from vllm_seqhooks.config.engine_defaults import ENGINE_KEY, checked_engine_defaults
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
 
 #: The file a model directory carries its hook settings in.
@@ -97,7 +99,8 @@ def _preset(name: str) -> dict[str, Any]:
 
 
 def model_settings(model: str | os.PathLike | None) -> dict[str, Any]:
-    """The settings a model directory carries (its ``seqhooks.json``)."""
+    """The hook settings a model directory carries (its ``seqhooks.json``,
+    without the engine defaults: :func:`model_engine_defaults`)."""
     if model is None:
         raise SpecialKwargsError(f"{AUTO!r} needs the model's directory")
     path = Path(model) / MODEL_FILE
@@ -109,14 +112,33 @@ def model_settings(model: str | os.PathLike | None) -> dict[str, Any]:
             f"beside config.json; {where} (name a format instead, e.g. 'promise', "
             f"or give the settings)"
         )
+    data = _read_model_file(path)
+    data.pop(ENGINE_KEY, None)
+    if data.get(FORMAT_KEY) == AUTO:
+        raise SpecialKwargsError(f"{path}: {FORMAT_KEY!r} cannot be {AUTO!r}")
+    return data
+
+
+def model_engine_defaults(model: str | os.PathLike | None) -> dict[str, Any]:
+    """The engine defaults a model directory carries (``"engine"`` in its
+    ``seqhooks.json``; :mod:`vllm_seqhooks.config.engine_defaults`), checked;
+    ``{}`` for a model without them (or not a local directory)."""
+    path = Path(model) / MODEL_FILE if model is not None else None
+    if path is None or not path.is_file():
+        return {}
+    data = _read_model_file(path)
+    if ENGINE_KEY not in data:
+        return {}
+    return checked_engine_defaults(data[ENGINE_KEY], str(path))
+
+
+def _read_model_file(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except ValueError as exc:
         raise SpecialKwargsError(f"{path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise SpecialKwargsError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    if data.get(FORMAT_KEY) == AUTO:
-        raise SpecialKwargsError(f"{path}: {FORMAT_KEY!r} cannot be {AUTO!r}")
     return data
 
 

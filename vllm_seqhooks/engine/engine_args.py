@@ -6,11 +6,17 @@ engine, the hook settings and model name read back from its config."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import logging
+import os
+from typing import Any, Callable, Mapping
 
+from vllm_seqhooks.config.engine_defaults import defaults_to_apply
+from vllm_seqhooks.config.presets import model_engine_defaults
 from vllm_seqhooks.config.special_kwargs import (
     ADDITIONAL_CONFIG_KEY, SpecialKwargs, SpecialKwargsError)
 from vllm_seqhooks.engine import SCHEDULER_CLASS_PATH, WORKER_EXTENSION_CLASS_PATH
+
+logger = logging.getLogger("vllm.seqhooks.engine_args")
 
 KV_TRANSFER_REFUSAL = (
     "sequence hooks cannot be combined with kv_transfer_config: KV connectors "
@@ -38,6 +44,30 @@ def hook_engine_args(hooks: SpecialKwargs, args: Mapping[str, Any],
         "worker_extension_cls": args.get("worker_extension_cls") or WORKER_EXTENSION_CLASS_PATH,
         "additional_config": hooks.to_additional_config(args.get("additional_config")),
     }
+
+
+def model_engine_args(model: str, given: Callable[[str], Any]) -> dict[str, Any]:
+    """The engine defaults ``model`` carries (its ``seqhooks.json``'s
+    ``"engine"``) that the user left unset: ``given(name)`` is the user's
+    value of engine argument ``name`` or None (vLLM's own default counts as
+    unset for ``gpu_memory_utilization``, as in :mod:`.cpu_memory`)."""
+    defaults = model_engine_defaults(model)
+    if not defaults:
+        return {}
+    from vllm.engine.arg_utils import EngineArgs
+
+    def user_set(name: str) -> bool:
+        if name == "VLLM_CPU_KVCACHE_SPACE":
+            return bool(os.environ.get(name))
+        value = given(name)
+        return value is not None and not (
+            name == "gpu_memory_utilization" and value == EngineArgs.gpu_memory_utilization)
+
+    chosen = defaults_to_apply(defaults, user_set)
+    if chosen:
+        logger.info("vllm-seqhooks: engine defaults carried by %s/seqhooks.json: %s (your own "
+                    "flags or arguments replace them)", model, chosen)
+    return chosen
 
 
 def load_tokenizer(model: str, **engine_kwargs: Any):

@@ -18,7 +18,7 @@ import functools
 import logging
 import os
 import re
-from typing import Any
+from typing import Any, Callable
 
 from vllm_seqhooks.config import field_checks
 from vllm_seqhooks.config.presets import FORMAT_KEY, MODEL_FILE, PRESETS, expand
@@ -31,7 +31,7 @@ from vllm_seqhooks.config.special_kwargs import (
     SpecialKwargsError,
 )
 from vllm_seqhooks.engine.cpu_memory import cpu_memory_args
-from vllm_seqhooks.engine.engine_args import hook_engine_args, load_tokenizer
+from vllm_seqhooks.engine.engine_args import hook_engine_args, load_tokenizer, model_engine_args
 from vllm_seqhooks.engine.metrics_export import enable_metrics
 
 logger = logging.getLogger("vllm.seqhooks.plugin")
@@ -244,7 +244,7 @@ def add_hook_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     def parse_known_args(args=None, namespace=None):
         namespace, rest = original(args, namespace)
         try:
-            apply_hook_args(namespace)
+            apply_hook_args(namespace, parser.get_default)
         except SpecialKwargsError as exc:
             parser.error(_as_flags(str(exc)))
         return namespace, rest
@@ -280,9 +280,12 @@ def hook_args_from_namespace(namespace: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
+def apply_hook_args(namespace: argparse.Namespace,
+                    default_of: Callable[[str], Any] = lambda name: None) -> SpecialKwargs | None:
     """Turn given hook flags into ``additional_config``/``scheduler_cls`` on
-    ``namespace``. Returns the configuration, or None when no flag was given."""
+    ``namespace``, and set the engine defaults the model carries where the
+    value is still the parser's default (``default_of(dest)``). Returns the
+    configuration, or None when no flag was given."""
     given = hook_args_from_namespace(namespace)
     if not given:
         return None
@@ -306,6 +309,13 @@ def apply_hook_args(namespace: argparse.Namespace) -> SpecialKwargs | None:
             f"loaded from {model!r}: {exc}"
         ) from exc
     hooks = hooks.resolve(tokenizer)
+
+    def given(name: str) -> Any:
+        value = getattr(namespace, name, None)
+        return None if value == default_of(name) else value
+
+    for name, value in model_engine_args(model, given).items():
+        setattr(namespace, name, value)
     memory = {name: getattr(namespace, name, None)
               for name in ("kv_cache_memory_bytes", "gpu_memory_utilization")}
     for name, value in {**hook_engine_args(hooks, engine_args, CLI_NAMES),

@@ -252,7 +252,8 @@ def _check_extra_tokens(extra_tokens: Sequence[str]) -> None:
         raise ValueError(f"extra tokens must be new and distinct, got {list(extra_tokens)}")
 
 
-def _tokenizer_config(extra_tokens: Sequence[str] = ()) -> dict[str, Any]:
+def _tokenizer_config(extra_tokens: Sequence[str] = (),
+                      chat_template: str = CHAT_TEMPLATE) -> dict[str, Any]:
     added = {}
     ids = [*range(len(FIXED_TOKENS)),
            *range(TOKENIZER_SIZE, TOKENIZER_SIZE + len(extra_tokens))]
@@ -270,7 +271,7 @@ def _tokenizer_config(extra_tokens: Sequence[str] = ()) -> dict[str, Any]:
         "add_bos_token": True,
         "add_eos_token": False,
         "bos_token": BOS_TOKEN,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "clean_up_tokenization_spaces": False,
         "eos_token": EOS_TOKEN,
         "model_max_length": MAX_POSITION_EMBEDDINGS,

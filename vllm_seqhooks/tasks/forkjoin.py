@@ -70,11 +70,17 @@ MODEL_DIR = Path(__file__).resolve().parents[1] / "data" / "forkjoin_model"
 #: Engine arguments for the model on CPU (float32, no torch.compile; the
 #: longest sequence of the task is 85 tokens).  ``vllm.LLM`` and
 #: ``vllm_seqhooks.LLM`` take them as they are.
-ENGINE_KWARGS: dict[str, Any] = dict(
-    enforce_eager=True,
+#: The engine arguments that size an engine to the model, which it carries
+#: in seqhooks.json (``"engine"``: :mod:`vllm_seqhooks.config.engine_defaults`):
+#: used whenever hooks are on and the user gives no value of their own.
+ENGINE_DEFAULTS: dict[str, Any] = dict(
     kv_cache_memory_bytes=128 << 20,
     max_model_len=256,
     block_size=32,
+)
+ENGINE_KWARGS: dict[str, Any] = dict(
+    ENGINE_DEFAULTS,
+    enforce_eager=True,
     dtype="float32",
     seed=0,
     enable_prefix_caching=True,
@@ -97,6 +103,22 @@ MODEL_SETTINGS: dict[str, Any] = {
     "merge_separator": MERGE_SEPARATOR,
     "child_max_tokens": CHILD_MAX_TOKENS,
 }
+
+#: The trained models' chat template: the model reads a bare problem after
+#: BOS, so a chat is one user message whose content is the problem, rendered
+#: as the completion prompt of the same text (the same tokens, the same
+#: answer); anything else is refused, saying so.
+CHAT_TEMPLATE = (
+    "{%- if messages | length != 1 or messages[0]['role'] != 'user' -%}"
+    "{{ raise_exception('this model was trained on bare problems, not chat turns: send one "
+    "user message holding the problem, e.g. sort 9081726354=') }}"
+    "{%- endif -%}"
+    "{{ bos_token }}{{ messages[0]['content'] }}"
+)
+
+#: The model directory's seqhooks.json: the hook settings and the engine
+#: defaults.
+SEQHOOKS_JSON: dict[str, Any] = {**MODEL_SETTINGS, "engine": ENGINE_DEFAULTS}
 
 
 def hook_settings(**overrides: Any) -> dict[str, Any]:

@@ -88,6 +88,11 @@ MODEL_DIR = Path(__file__).resolve().parents[1] / "data" / "threadweaver_model"
 #: What the model directory carries in seqhooks.json (``special_kwargs="auto"``,
 #: ``vllm serve MODEL --seqhooks auto``).
 MODEL_SETTINGS: dict[str, Any] = {"format": FORMAT, "child_max_tokens": CHILD_MAX_TOKENS}
+#: The chat template (the promise model's: one user message, the bare problem).
+CHAT_TEMPLATE = _sorting.CHAT_TEMPLATE
+#: The model directory's seqhooks.json: the hook settings and the engine
+#: defaults (the same as the promise model's).
+SEQHOOKS_JSON: dict[str, Any] = {**MODEL_SETTINGS, "engine": _sorting.ENGINE_DEFAULTS}
 
 
 def model_dir() -> Path:

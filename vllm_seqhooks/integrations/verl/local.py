@@ -43,9 +43,6 @@ from vllm_seqhooks.integrations.verl import AGENT_LOOPS, AGENT_NAME, engine_kwar
 
 #: verl's generated full trainer config (every default, resolved by Hydra).
 TRAINER_CONFIG = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
-#: A chat template that writes BOS and the messages' contents as they are
-#: (the embedded models have none: they read a bare prompt after BOS).
-PLAIN_CHAT_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
 def trainer_config(model: str, special_kwargs: Any = None, *, prompt_length: int = 64,
@@ -61,7 +58,6 @@ def trainer_config(model: str, special_kwargs: Any = None, *, prompt_length: int
     cfg = OmegaConf.load(TRAINER_CONFIG)
     rollout = cfg.actor_rollout_ref.rollout
     cfg.actor_rollout_ref.model.path = str(model)
-    cfg.actor_rollout_ref.model.custom_chat_template = PLAIN_CHAT_TEMPLATE
     cfg.trainer.n_gpus_per_node = 1
     cfg.data.max_prompt_length, cfg.data.max_response_length = prompt_length, response_length
     settings = {
