@@ -166,3 +166,57 @@ def test_request_overrides():
         parse_request_overrides({"seqhooks_child_max_tokens": 0})
     with pytest.raises(SpecialKwargsError, match="seqhooks_enabled"):
         parse_request_overrides({"seqhooks_enabled": "maybe"})
+
+
+@pytest.mark.parametrize("fields, mistake, fix", [
+    # child_header's one placeholder is {n}: a typo would be written literally
+    (dict(child_header="<Thread>\n{m}:"), "holds '{m}', which is not a placeholder",
+     "did you mean '<Thread>\\n{n}:'?"),
+    (dict(child_header="<Thread>\n{ n }:"), "holds '{ n }'", "did you mean '<Thread>\\n{n}:'?"),
+    (dict(child_header="<Thread>\n{n:"), "holds '{n', a placeholder with one brace",
+     "did you mean '<Thread>\\n{n}:'?"),
+    (dict(child_header="<Path>n}"), "holds 'n}'", "did you mean '<Path>{n}'?"),
+    (dict(header_lead="\n{n}"), "header_lead '\\n{n}' holds {n}", "only child_header fills in"),
+    # a tag's angle brackets go in pairs
+    (dict(fork_tag="</Outlines"), "fork_tag '</Outlines' opens '<' without closing it",
+     "did you mean '</Outlines>'?"),
+    (dict(outline_tag="Outline>"), "outline_tag 'Outline>' closes a '>'", "did you mean '<Outline>'?"),
+    (dict(child_end_tag="</Pa<th>"), "opens a second '<'", "go in pairs"),
+    # one tag, two roles
+    (dict(child_end_tag="</Outlines>"), "fork_tag and child_end_tag are both '</Outlines>'",
+     "they must differ"),
+    (dict(outline_tag="</Outlines>"), "fork_tag and outline_tag are both", "they must differ"),
+])
+def test_tag_format_mistakes_name_the_mistake_and_the_fix(fields, mistake, fix):
+    """Mistakes in a tag format's texts are refused before any engine starts
+    (they would otherwise be written, or waited for, literally)."""
+    base = dict(fork_tag="</Outlines>", outline_tag="<Outline>", child_header="<Thread>\n{n}:",
+                child_end_tag="</Thread>")
+    with pytest.raises(SpecialKwargsError) as err:
+        SpecialKwargs(**{**base, **fields})
+    assert mistake in str(err.value) and fix in str(err.value)
+
+
+@pytest.mark.parametrize("fields", [
+    dict(fork_tag="<<FORK>>", fork_count=2, child_end_tag="<</FORK>>"),
+    dict(fork_tag="<|fork|>", fork_count=2, child_end_tag="<|end|>"),
+    dict(fork_tag="Plan ->", fork_count=2, child_end_tag="=> done"),
+    dict(fork_tag="<!--fork-->", fork_count=2, child_header='{"step": {n}, "text": "'),
+    dict(fork_tag="[FORK]", outline_tag="- item", child_header="{n}. ", child_end_tag="[END]"),
+])
+def test_custom_tag_formats_are_not_refused(fields):
+    """The rules above leave custom formats alone: nested or piped brackets,
+    arrows, braces that are text, tags without brackets."""
+    assert SpecialKwargs(**fields).tag_format is not None
+
+
+def test_child_prompt_template_placeholder_typo_names_the_fix():
+    with pytest.raises(SpecialKwargsError) as err:
+        SpecialKwargs(sync_token_id=6, promise_token_id=4, child_context="payload",
+                      child_prompt_template="sort {Payload}=")
+    assert ("child_prompt_template 'sort {Payload}=' holds '{Payload}', which is not a "
+            "placeholder: the only one is {payload}") in str(err.value)
+    assert "did you mean 'sort {payload}='?" in str(err.value)
+    with pytest.raises(SpecialKwargsError, match=r"did you mean 'sort \{payload\}='"):
+        SpecialKwargs(sync_token_id=6, promise_token_id=4, child_context="payload",
+                      child_prompt_template="sort {payload=")

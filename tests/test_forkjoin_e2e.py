@@ -293,7 +293,8 @@ def test_invalid_per_request_settings_are_rejected(engines):
         gen(hooked, [PROMPT], S.params("ab", extra_args={"seqhooks_child_max_tokens": 0}))
     with pytest.raises(VLLMValidationError, match="seqhooks_enabled"):
         gen(hooked, [PROMPT], S.params("ab", extra_args={"seqhooks_enabled": "perhaps"}))
-    with pytest.raises(VLLMValidationError, match="unknown.*seqhooks_max_children in.*known"):
+    with pytest.raises(VLLMValidationError, match="unknown.*request key.*'seqhooks_max_children' "
+                       r"\(did you mean 'seqhooks_max_children_per_request'\?\).*known"):
         gen(hooked, [PROMPT], S.params("ab", extra_args={"seqhooks_max_children": 2}))
     # the engine keeps serving
     assert gen(hooked, [PROMPT], S.params("ok"))[0].outputs[0].text == "ok"

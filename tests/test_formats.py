@@ -252,8 +252,8 @@ def test_a_tag_the_tokenizer_cannot_write_fails_at_resolve():
 
     from vllm_seqhooks.scripted.tiny_model import build_tokenizer
 
-    hooks = SpecialKwargs(**expand({"format": "threadweaver", "child_end_tag": "</Thréad>"}))
-    with pytest.raises(SpecialKwargsError, match="child_end_tag '</Thréad>' cannot be written"):
+    hooks = SpecialKwargs(**expand({"format": "threadweaver", "child_end_tag": "</Réponse>"}))
+    with pytest.raises(SpecialKwargsError, match="child_end_tag '</Réponse>' cannot be written"):
         hooks.resolve(PreTrainedTokenizerFast(tokenizer_object=build_tokenizer()))
 
 

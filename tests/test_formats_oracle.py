@@ -103,8 +103,8 @@ def test_presets_by_name_with_llm(tiny_model_dir):
     from vllm_seqhooks.config.special_kwargs import SpecialKwargsError
     from vllm_seqhooks.llm import LLM
 
-    with pytest.raises(SpecialKwargsError, match="fork_tag '</Outlinés>' cannot be written"):
-        LLM(tiny_model_dir, special_kwargs={"format": "threadweaver", "fork_tag": "</Outlinés>"})
+    with pytest.raises(SpecialKwargsError, match="fork_tag '</Résumé>' cannot be written"):
+        LLM(tiny_model_dir, special_kwargs={"format": "threadweaver", "fork_tag": "</Résumé>"})
 
 
 def test_promise_preset_equals_its_client_loop(tiny_model_dir, in_process, stock):

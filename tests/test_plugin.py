@@ -173,7 +173,7 @@ def test_tag_format_flags_alone(tiny_model_dir):
      "--fork-tag (a tag format, joined when the children end) and --sync-token cannot be combined"),
     (["--fork-tag", "<P>"], "exactly one of --outline-tag"),
     (["--fork-tag", "<P>", "--fork-count", "0"], "argument --fork-count: expected an integer >= 1"),
-    (["--seqhooks", "threadweaver", "--fork-tag", "</Outlinés>"], "cannot be written with this model"),
+    (["--seqhooks", "threadweaver", "--fork-tag", "</Résumé>"], "cannot be written with this model"),
 ])
 def test_bad_tag_format_flags_exit_with_a_clear_message(tiny_model_dir, capsys, flags, message):
     with pytest.raises(SystemExit) as exc:
@@ -243,3 +243,73 @@ def test_the_models_engine_defaults_fill_what_the_user_left_unset(tmp_path):
         {**task.MODEL_SETTINGS, "engine": {"block_sise": 32}}))
     with pytest.raises(SystemExit):
         serve_parser().parse_args([str(copy), "--seqhooks", "auto"])
+
+
+def _embedded(name: str) -> str:
+    from vllm_seqhooks.tasks import forkjoin, threadweaver
+
+    return str({"forkjoin": forkjoin, "threadweaver": threadweaver}[name].model_dir())
+
+
+def _serve_error(capsys, args: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        serve_parser().parse_args(args)
+    assert exc.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("model, says", [
+    ("/nonexistent", "but the model path '/nonexistent' does not exist: name a format instead "
+                     "(promise, threadweaver, multiverse, npr, parallel-r1) or give the settings"),
+    ("Qwen/Qwen3-8B", "'auto' reads seqhooks.json from a local model directory only, and "
+                      "'Qwen/Qwen3-8B' is none (it looks like a hub id)"),
+])
+def test_seqhooks_auto_without_a_local_model_says_why(capsys, model, says):
+    """``vllm serve /nonexistent --seqhooks auto``: what is wrong with the
+    path, and what to give instead."""
+    assert says in _serve_error(capsys, [model, "--seqhooks", "auto"])
+
+
+def test_a_typo_in_seqhooks_json_names_its_fields_not_flags(tmp_path, capsys):
+    """Through ``vllm serve`` a model file's mistakes keep the file's field
+    names (flags name what the command line gives)."""
+    (tmp_path / "seqhooks.json").write_text('{"format": "threadweaver", "fork_min_token": 8}')
+    err = _serve_error(capsys, [str(tmp_path), "--seqhooks", "auto"])
+    assert f"unknown field(s) in {tmp_path / 'seqhooks.json'}: 'fork_min_token' " \
+           "(did you mean 'fork_min_tokens'?); the fields of seqhooks.json: batch_order," in err
+    assert "--" not in err.split("the fields of seqhooks.json:")[1]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--child-header", "<Thread>\n{m}:"],
+     "--child-header '<Thread>\\n{m}:' holds '{m}', which is not a placeholder: the only one is "
+     "{n} (the child's label: its outline number); did you mean '<Thread>\\n{n}:'?"),
+    (["--fork-tag", "</Outlines"],
+     "--fork-tag '</Outlines' opens '<' without closing it with '>'; did you mean '</Outlines>'?"),
+    (["--fork-tag", "</Thread>"], "--fork-tag and --child-end-tag are both '</Thread>'; they must differ"),
+])
+def test_tag_mistakes_on_the_command_line_name_the_fix(capsys, flags, says):
+    err = _serve_error(capsys, [_embedded("threadweaver"), "--seqhooks", "threadweaver", *flags])
+    assert says in err
+
+
+def test_a_near_miss_tag_flag_says_did_you_mean_and_gives_the_flags_to_keep_it(capsys):
+    """``--seqhooks threadweaver --outline-tag '<Outlne>'``: refused naming
+    the tag meant; the flags it offers to keep the value (bash words) give
+    the same configuration."""
+    import subprocess
+
+    from vllm_seqhooks import SpecialKwargs
+    from vllm_seqhooks.config.presets import expand
+
+    model = _embedded("threadweaver")
+    err = _serve_error(capsys, [model, "--seqhooks", "threadweaver", "--outline-tag", "<Outlne>"])
+    assert err.split("error: ", 1)[1].startswith("--outline-tag '<Outlne>' is one edit from the threadweaver "
+                          "format's '<Outline>': did you mean '<Outline>'?")
+    assert "drop --seqhooks threadweaver and give the format's settings as flags" in err
+    words = subprocess.run(["bash", "-c", "printf '%s\\0' " + err.split("compared): ")[1]],
+                           capture_output=True, text=True, check=True).stdout.split("\0")[:-1]
+    ns = serve_parser().parse_args([model, *words])
+    got = SpecialKwargs.from_additional_config(ns.additional_config)
+    assert got.tag_format == SpecialKwargs(
+        **expand({"format": "threadweaver"}) | {"outline_tag": "<Outlne>"}).tag_format

@@ -49,8 +49,16 @@ def test_unknown_request_keys_are_refused_naming_the_known_ones():
     with pytest.raises(ValueError) as exc:
         check_request(_params(extra_args={"seqhooks_child_max_token": 4, "other_plugin": 1}))
     message = str(exc.value)
-    assert "key(s) seqhooks_child_max_token in" in message and "other_plugin" not in message
+    assert message.startswith(
+        "unknown sequence-hook request key(s) in vllm_xargs / extra_args: "
+        "'seqhooks_child_max_token' (did you mean 'seqhooks_child_max_tokens'?); known keys: ")
+    assert "other_plugin" not in message
     assert all(k in message for k in REQUEST_OVERRIDE_KEYS)
+    # a name cut short means the one it starts; nothing close: no guess
+    with pytest.raises(ValueError) as exc:
+        check_request(_params(extra_args={"seqhooks_max_children": 2, "seqhooks_zzz": 1}))
+    assert ("'seqhooks_max_children' (did you mean 'seqhooks_max_children_per_request'?), "
+            "'seqhooks_zzz'; known keys") in str(exc.value)
     # keys the engine writes itself, and those a loaded test tool reads
     import vllm_seqhooks.scripted.processor  # noqa: F401 (registers its keys)
 

@@ -245,7 +245,8 @@ def test_per_request_control_and_bad_values(client, tiny_model_dir, S):
                        ({"seqhooks_max_child_depth": -1}, "seqhooks_max_child_depth"),
                        ({"seqhooks_enabled": "sometimes"}, "seqhooks_enabled"),
                        ({"seqhooks_child_max_token": 4},  # a typo: refused, not ignored
-                        "unknown sequence-hook request key.*seqhooks_child_max_token in")]:
+                        "unknown sequence-hook request key.*'seqhooks_child_max_token' "
+                        r"\(did you mean 'seqhooks_child_max_tokens'\?\)")]:
         with pytest.raises(openai.BadRequestError, match=field):
             client.completions.create(model=tiny_model_dir, prompt="x", max_tokens=5,
                                       extra_body={"vllm_xargs": {**base, **bad}})

@@ -10,14 +10,37 @@ it accepts ("int", "token_id", "token_ids", "text", "choice", "seconds",
 
 from __future__ import annotations
 
+import difflib
 import math
-from typing import Any, Callable
+import os
+from typing import Any, Callable, Iterable
 
 Check = Callable[[str, Any], Any]
 
 
 class SpecialKwargsError(ValueError):
     """A sequence-hook setting is invalid. The message names the field."""
+
+
+def unknown_fields_message(unknown: Iterable[str], known: Iterable[str], *,
+                           what: str = "special_kwargs field(s)",
+                           known_as: str = "known fields") -> str:
+    """``unknown {what}: ...; {known_as}: ...``: names the unknown names, the
+    nearest known one of each where one is close, and all known names (the
+    one "did you mean" of special_kwargs fields, seqhooks.json keys and
+    per-request keys)."""
+    known = sorted(known)
+    # (compared without the prefix all known names share: "seqhooks_")
+    prefix = os.path.commonprefix(known) if len(known) > 1 else ""
+    bare = {k[len(prefix):]: k for k in known}
+    parts = []
+    for name in sorted(unknown):
+        # a name cut short ("max_children") means the one it starts, when one does
+        longer = [k for k in known if k.startswith(name)]
+        close = difflib.get_close_matches(name.removeprefix(prefix), list(bare), n=1)
+        near = longer if len(longer) == 1 else [bare[c] for c in close]
+        parts.append(f"{name!r} (did you mean {near[0]!r}?)" if near else repr(name))
+    return f"unknown {what}: {', '.join(parts)}; {known_as}: {', '.join(known)}"
 
 
 def _is_int(value: Any) -> bool:

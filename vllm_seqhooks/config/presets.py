@@ -17,13 +17,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
 from vllm_seqhooks.config.engine_defaults import ENGINE_KEY, checked_engine_defaults
+from vllm_seqhooks.config.field_checks import unknown_fields_message
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
+from vllm_seqhooks.formats.tag_format import TAG_FIELDS, angle_bracket_problem
 
 #: The file a model directory carries its hook settings in.
 MODEL_FILE = "seqhooks.json"
@@ -105,13 +109,7 @@ def model_settings(model: str | os.PathLike | None) -> dict[str, Any]:
         raise SpecialKwargsError(f"{AUTO!r} needs the model's directory")
     path = Path(model) / MODEL_FILE
     if not path.is_file():
-        where = ("a local model directory" if not Path(model).is_dir()
-                 else f"{path} is missing")
-        raise SpecialKwargsError(
-            f"{AUTO!r} reads the hook settings stored with the model in {MODEL_FILE}, "
-            f"beside config.json; {where} (name a format instead, e.g. 'promise', "
-            f"or give the settings)"
-        )
+        raise SpecialKwargsError(_no_model_file(model))
     data = _read_model_file(path)
     data.pop(ENGINE_KEY, None)
     if data.get(FORMAT_KEY) == AUTO:
@@ -142,11 +140,123 @@ def _read_model_file(path: Path) -> dict[str, Any]:
     return data
 
 
+#: Something like a Hugging Face hub id (``org/name``), not a local path.
+_HUB_ID = re.compile(r"[\w][\w.-]*/[\w.-]+")
+
+
+def _no_model_file(model: str | os.PathLike) -> str:
+    """Why ``"auto"`` found no settings for ``model``, and what to do."""
+    root = Path(model)
+    fix = f"name a format instead ({', '.join(PRESETS)}) or give the settings"
+    lead = (f"{AUTO!r} reads the hook settings stored with the model ({MODEL_FILE} "
+            "beside config.json)")
+    if root.is_dir():
+        return f"{lead}, and the model directory {str(root)!r} has none: write one there, or {fix}"
+    if root.exists():
+        return f"{lead}, and {str(root)!r} is a file, not a model directory: {fix}"
+    if _HUB_ID.fullmatch(str(model)):
+        return (f"{AUTO!r} reads {MODEL_FILE} from a local model directory only, and "
+                f"{str(model)!r} is none (it looks like a hub id): give the model's local "
+                f"directory, or {fix}")
+    return f"{lead}, but the model path {str(model)!r} does not exist: {fix}"
+
+
+class ModelFileError(SpecialKwargsError):
+    """A mistake in a model's ``seqhooks.json``: the message names the file,
+    and the names in it are the file's field names (not ``vllm serve``
+    flags)."""
+
+
+class NearPresetTagError(SpecialKwargsError):
+    """A tag that overrides a named format's with a near miss of it.
+    ``settings``: the same settings without naming the format (what to give
+    when the tag is meant); ``head``: the message up to its way out."""
+
+    def __init__(self, head: str, exit_: str, settings: dict[str, Any]) -> None:
+        super().__init__(f"{head}{exit_}")
+        self.head = head
+        self.settings = settings
+
+
+#: Keys of seqhooks.json besides SpecialKwargs fields: ``format``, and the
+#: ``engine`` section (engine defaults, which model_settings leaves out).
+_FILE_KEYS = (FORMAT_KEY, ENGINE_KEY)
+
+
+def _model_file(model: str | os.PathLike | None) -> "_FileSettings":
+    """:func:`model_settings`, its keys checked (a typo names the file, the
+    field meant and the file's fields), marked as read from the file."""
+    data = model_settings(model)
+    known = [*(f.name for f in dataclasses.fields(SpecialKwargs)), *_FILE_KEYS]
+    unknown = [key for key in data if key not in known]
+    path = Path(model) / MODEL_FILE
+    if unknown:
+        raise ModelFileError(unknown_fields_message(
+            unknown, known, what=f"field(s) in {path}",
+            known_as=f"the fields of {MODEL_FILE}"))
+    return _FileSettings(data, path)
+
+
+class _FileSettings(dict):
+    """Settings read from a model's seqhooks.json (``path``)."""
+
+    def __init__(self, data: Mapping[str, Any], path: Path) -> None:
+        super().__init__(data)
+        self.path = path
+
+
+def _edits(a: str, b: str) -> int:
+    """Edits (insert, delete, replace, swap two neighbours) from ``a`` to ``b``."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i]
+        for j, cb in enumerate(b, 1):
+            cost = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cost = min(cost, prev2[j - 2] + 1)
+            row.append(cost)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
+def _check_near_tags(name: str, base: Mapping[str, Any], fields: Mapping[str, Any],
+                     data: Mapping[str, Any]) -> None:
+    """Refuse a tag of ``fields`` that is a near miss of the one it overrides
+    in format ``name`` (``base``): one or two edits (one for tags of up to 7
+    characters), other than whitespace around it. A model that never writes
+    the tag never forks or never ends its children, without an error; a
+    format that does use the near tag is given without naming ``name``."""
+    for field in TAG_FIELDS:
+        ours, theirs = fields.get(field), base.get(field)
+        if not (isinstance(ours, str) and isinstance(theirs, str)) or ours.strip() == theirs.strip():
+            continue
+        if angle_bracket_problem(field, ours):
+            continue  # refused by the tag format, which has no way out for it
+        edits = _edits(ours, theirs)
+        if edits > min(2, max(1, len(theirs) // 4)):
+            continue
+        where = f"the {name} format" if name != AUTO else "the model's settings"
+        head = (f"{field} {ours!r} is {'one edit' if edits == 1 else 'two edits'} from "
+                f"{where}'s {theirs!r}: did you mean {theirs!r}? (a tag the model does not "
+                "write is plain text: nothing would fork, or no child would end at it)")
+        settings = {**base, **fields}
+        path = getattr(data, "path", None)
+        if path is not None:
+            raise ModelFileError(
+                f"{path}: {head}. If the model does write {ours!r}, write the settings in "
+                f"{path} without naming a format (then no tag is compared): "
+                f"{json.dumps(settings)}")
+        raise NearPresetTagError(
+            head, f". If the model does write {ours!r}, give the settings without naming a "
+            f"format (then no tag is compared): {json.dumps(settings)}", settings)
+
+
 def expand(spec: str | Mapping[str, Any], model: str | os.PathLike | None = None) -> dict[str, Any]:
     """SpecialKwargs fields for a preset name, ``"auto"`` or a settings dict
     (a ``"format"`` in it names the preset its other fields override)."""
     if isinstance(spec, str):
-        data: Mapping[str, Any] = model_settings(model) if spec == AUTO else {FORMAT_KEY: spec}
+        data: Mapping[str, Any] = _model_file(model) if spec == AUTO else {FORMAT_KEY: spec}
     elif isinstance(spec, Mapping):
         data = spec
     else:
@@ -160,12 +270,13 @@ def expand(spec: str | Mapping[str, Any], model: str | os.PathLike | None = None
         return fields
     if not isinstance(name, str):
         raise SpecialKwargsError(f"{FORMAT_KEY} must be a format name, got {name!r}")
-    base = model_settings(model) if name == AUTO else _preset(name)
+    base = _model_file(model) if name == AUTO else _preset(name)
     base = expand(base, model) if FORMAT_KEY in base else base
     # Ids given as overrides replace the preset's token strings for that hook.
     for hook in ("sync", "promise", "promise_end"):
         if f"{hook}_token_id" in fields:
             base.pop(f"{hook}_token", None)
+    _check_near_tags(name, base, fields, data)
     base.update(fields)
     return base
 

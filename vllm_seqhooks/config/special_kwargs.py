@@ -10,14 +10,14 @@ EngineCore (``additional_config["seqhooks"]``).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from vllm_seqhooks.config import field_checks as check
-from vllm_seqhooks.config.field_checks import SpecialKwargsError
+from vllm_seqhooks.config.field_checks import SpecialKwargsError, unknown_fields_message
+from vllm_seqhooks.formats.tag_format import placeholder_problem
 
 #: Key under which the configuration travels in vLLM's ``additional_config``.
 ADDITIONAL_CONFIG_KEY = "seqhooks"
@@ -163,6 +163,10 @@ class SpecialKwargs:
                 raise SpecialKwargsError(
                     "child_prompt_template is only used with child_context='payload', "
                     f"got child_context={self.child_context!r}")
+            problem = placeholder_problem("child_prompt_template", template,
+                                          PAYLOAD_PLACEHOLDER, "the payload")
+            if problem:
+                raise SpecialKwargsError(problem)
             if template.count(PAYLOAD_PLACEHOLDER) != 1:
                 raise SpecialKwargsError(
                     f"child_prompt_template must contain {PAYLOAD_PLACEHOLDER} "
@@ -354,18 +358,6 @@ class SpecialKwargs:
 class UnknownFieldError(SpecialKwargsError, TypeError):
     """A field ``SpecialKwargs`` does not have (a ``TypeError`` too, as an
     unknown keyword argument is)."""
-
-
-def unknown_fields_message(unknown: Iterable[str], known: Iterable[str]) -> str:
-    """Names the unknown fields, the nearest known one of each where one is
-    close, and all known fields."""
-    known = sorted(known)
-    parts = []
-    for name in sorted(unknown):
-        near = difflib.get_close_matches(name, known, n=1)
-        parts.append(f"{name!r} (did you mean {near[0]!r}?)" if near else repr(name))
-    return (f"unknown special_kwargs field(s): {', '.join(parts)}; "
-            f"known fields: {', '.join(known)}")
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

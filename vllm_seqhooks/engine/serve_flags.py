@@ -18,10 +18,18 @@ import functools
 import logging
 import os
 import re
+import shlex
 from typing import Any, Callable
 
 from vllm_seqhooks.config import field_checks
-from vllm_seqhooks.config.presets import FORMAT_KEY, MODEL_FILE, PRESETS, expand
+from vllm_seqhooks.config.presets import (
+    FORMAT_KEY,
+    MODEL_FILE,
+    PRESETS,
+    ModelFileError,
+    NearPresetTagError,
+    expand,
+)
 from vllm_seqhooks.config.special_kwargs import (
     BATCH_ORDERS,
     CHILD_CONTEXTS,
@@ -246,7 +254,8 @@ def add_hook_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         try:
             apply_hook_args(namespace, parser.get_default)
         except SpecialKwargsError as exc:
-            parser.error(_as_flags(str(exc)))
+            # (a model file's mistakes name its fields, not flags)
+            parser.error(str(exc) if isinstance(exc, ModelFileError) else _as_flags(str(exc)))
         return namespace, rest
 
     parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
@@ -268,6 +277,26 @@ def _as_flags(message: str) -> str:
     pieces = re.split(f"({_QUOTED.pattern})", message)
     return "".join(piece if i % 2 else field.sub(lambda m: by_field[m.group(1)], piece)
                    for i, piece in enumerate(pieces))
+
+
+def _shell_word(value: Any) -> str:
+    """``value`` as a shell word (bash's ``$'...'`` for control characters)."""
+    text = str(value)
+    if text.isprintable():
+        return shlex.quote(text)
+    return "$'" + text.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
+
+
+def _near_tag_with_flags(exc: NearPresetTagError, given: dict[str, Any]) -> str:
+    """A near-miss tag's error for ``vllm serve``: the way out as the flags
+    that give the same settings without naming the format."""
+    try:
+        flags = hook_flags(exc.settings)
+    except SpecialKwargsError:  # a setting without a flag: the settings as they are
+        return str(exc)
+    words = " ".join(flag if i % 2 == 0 else _shell_word(flag) for i, flag in enumerate(flags))
+    return (f"{exc.head}. If the model does write it, drop {FORMAT_FLAG} {given[FORMAT_KEY]} "
+            f"and give the format's settings as flags (then no tag is compared): {words}")
 
 
 def hook_args_from_namespace(namespace: argparse.Namespace) -> dict[str, Any]:
@@ -292,7 +321,11 @@ def apply_hook_args(namespace: argparse.Namespace,
     if getattr(namespace, "_seqhooks_applied", False):
         return SpecialKwargs.from_additional_config(namespace.additional_config)
     model = getattr(namespace, "model_tag", None) or getattr(namespace, "model", None)
-    hooks = SpecialKwargs.from_dict(expand(given, model))
+    try:
+        settings = expand(given, model)
+    except NearPresetTagError as exc:
+        raise SpecialKwargsError(_near_tag_with_flags(exc, given)) from None
+    hooks = SpecialKwargs.from_dict(settings)
     engine_args = {name: getattr(namespace, name, None) for name in ENGINE_ARGS}
     hook_engine_args(hooks, engine_args, CLI_NAMES)  # refuse before loading a tokenizer
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from vllm_seqhooks.config.field_checks import unknown_fields_message
 from vllm_seqhooks.config.special_kwargs import ADDITIONAL_CONFIG_KEY
 from vllm_seqhooks.config.request_keys import (
     ENGINE_REQUEST_KEYS,
@@ -30,10 +31,9 @@ def check_request(sampling_params: Any) -> None:
     """Raise ``ValueError`` (naming the field) for settings hooks cannot honour."""
     unknown = unknown_request_keys(sampling_params.extra_args, ENGINE_REQUEST_KEYS)
     if unknown:
-        raise ValueError(
-            f"unknown sequence-hook request key(s) {', '.join(unknown)} in vllm_xargs / "
-            f"extra_args; known: {', '.join(REQUEST_OVERRIDE_KEYS)}"
-        )
+        raise ValueError(unknown_fields_message(
+            unknown, REQUEST_OVERRIDE_KEYS,
+            what="sequence-hook request key(s) in vllm_xargs / extra_args", known_as="known keys"))
     overrides = parse_request_overrides(sampling_params.extra_args)
     if overrides.get("enabled", True) is False:
         return
