@@ -12,7 +12,11 @@ over stock vLLM, a grid of context length x promises x batch size),
 blocks, and a KV cache too small for every family). Every engine is created
 once and reused; the configurations compared run interleaved, repeated,
 order rotated. Results: ``results-<profile>.json``, ``results-<profile>.md``
-and ``forkjoin-<profile>.png`` under ``--out`` (default docs/benchmarks).
+and ``forkjoin-<profile>.png`` under ``--out`` (default: a user cache,
+``${XDG_CACHE_HOME:-~/.cache}/vllm-seqhooks/benchmarks``). The published pages
+in docs/benchmarks change only when ``--out docs/benchmarks`` names them:
+
+    python -m benchmarks --full --out docs/benchmarks   # regenerate results-full.*
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Bench, Profile, bench_model, environment, model_params, setup_env
+from benchmarks.common import (Bench, Profile, bench_model, default_out_dir, environment,
+                               model_params, setup_env)
 
 WORKLOADS = ("overhead", "forkjoin", "parallel", "memory")
 
@@ -186,8 +191,7 @@ def run(profile: Profile, workloads: list[str], out_dir: Path | None, argv: list
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     size = parser.add_mutually_exclusive_group()
@@ -199,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--smoke", action="store_true", help="smallest sizes (CI)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated subset of {','.join(WORKLOADS)}")
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"),
-                        help="where to write results-<profile>.{json,md} and the chart")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write results-<profile>.{json,md} and the chart "
+                             f"(default: {default_out_dir()}; the published pages change "
+                             "only with --out docs/benchmarks)")
     parser.add_argument("--repeats", type=int, help="override the profile's repeats")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch/OpenMP threads (OMP_NUM_THREADS, unless set; default 1: "
@@ -217,6 +223,17 @@ def main(argv: list[str] | None = None) -> int:
                              "results-<profile>-async.*")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds one run may take before it is aborted")
+    return parser
+
+
+def output_dir(args: argparse.Namespace) -> Path:
+    """Where the run writes: ``--out``, else the user cache (never docs/)."""
+    return args.out if args.out is not None else default_out_dir()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
     args = parser.parse_args(argv)
     name = ("full" if args.full else "extra" if args.extra else "smoke" if args.smoke
             else "quick")
@@ -236,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [w for w in workloads if w not in WORKLOADS]
     if bad:
         parser.error(f"unknown workload(s) {bad}; choose from {WORKLOADS}")
-    results = run(profile, workloads, args.out, argv, threads=args.threads,
+    results = run(profile, workloads, output_dir(args), argv, threads=args.threads,
                   cache_dir=args.cache_dir, update=args.update, timeout_s=args.timeout)
     ok = all_correct(results)
     if not ok:

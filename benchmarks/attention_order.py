@@ -11,8 +11,10 @@ kernel, same KV cache: only the order of the rows changes.
 
     .venv/bin/python -m benchmarks.attention_order [--out docs/benchmarks]
 
-Writes ``attention_order.md`` and ``attention_order.json`` (CPU backend only:
-it wraps ``vllm._custom_ops.cpu_attention_with_kv_cache``).
+Writes ``attention_order.md`` and ``attention_order.json`` into ``--out``
+(default: a user cache, ``${XDG_CACHE_HOME:-~/.cache}/vllm-seqhooks/benchmarks``;
+the published page changes only with ``--out docs/benchmarks``). CPU backend
+only: it wraps ``vllm._custom_ops.cpu_attention_with_kv_cache``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import setup_env
+from benchmarks.common import default_out_dir, setup_env
 
 CAPTURE_STEPS = (50, 60)  # decode steps in the children's phase (of ~110)
 ORDERS = ("as captured", "grouped by family", "round-robin", "shuffled")
@@ -106,10 +108,23 @@ def orders(call: dict[str, Any]) -> tuple[dict[str, list[int]], dict[str, int]]:
     return dict(zip(ORDERS, (ident, grouped, rr, shuffled))), info
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for attention_order.{json,md} (default: "
+                        f"{default_out_dir()}; the published page changes only with "
+                        "--out docs/benchmarks)")
+    return p
+
+
+def output_dir(args: argparse.Namespace) -> Path:
+    """Where the run writes: ``--out``, else the user cache (never docs/)."""
+    return args.out if args.out is not None else default_out_dir()
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
+    args.out = output_dir(args)
     setup_env(1)
     cap = Capture()
     from benchmarks import forkjoin
@@ -166,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['adjacent_sibling_pairs']} of {r['possible_sibling_pairs']} | " +
                      " | ".join(f"{r['attention_ms'][o]:.2f}" for o in ORDERS) + " |")
     (args.out / "attention_order.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out / 'attention_order.md'}")
+    print(f"wrote {args.out / 'attention_order.md'} and attention_order.json")
     bench.close_all()
     return 0
 

@@ -61,6 +61,16 @@ def setup_env(threads: int | None = 1) -> None:
 BENCH_MAX_POSITIONS = 8192
 
 
+def default_out_dir() -> Path:
+    """Where ``python -m benchmarks`` and ``python -m benchmarks.attention_order``
+    write their results without ``--out``: a user cache, never ``docs/``
+    (the published pages change only when ``--out docs/benchmarks`` names
+    them)."""
+    from vllm_seqhooks.tasks import cache_dir
+
+    return cache_dir("benchmarks")
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "vllm-seqhooks" / "bench"
@@ -578,6 +588,7 @@ def publish(out_dir: Path | None, name: str, results: dict[str, Any], text: str)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
         (out_dir / f"{name}.md").write_text(text)
+        print(f"wrote {out_dir / name}.md and {name}.json")
 
 
 def median(xs: Sequence[float]) -> float:

@@ -319,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat")
     parser.add_argument("--no-http", action="store_true")
-    parser.add_argument("--out", type=Path, help="directory for formats.{json,md}")
+    parser.add_argument("--out", type=Path,
+                        help="directory for formats.{json,md} (default: print only; "
+                             "the published page changes only with --out docs/benchmarks)")
     args = parser.parse_args(argv)
 
     from benchmarks.common import setup_env
@@ -339,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "formats.json").write_text(json.dumps(results, indent=2) + "\n")
         (args.out / "formats.md").write_text(markdown(results, command))
+        print(f"wrote {args.out / 'formats.md'} and formats.json")
     print(markdown(results, command))
     ok = all(r["same_tokens"] for part in ("in_process", "http") for r in results.get(part, []))
     return 0 if ok else 1

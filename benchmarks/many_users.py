@@ -183,7 +183,9 @@ def main(argv=None) -> int:
     parser.add_argument("--per-client", type=int, default=10)
     parser.add_argument("--bombs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--out", type=Path, help="directory for many_users.{json,md}")
+    parser.add_argument("--out", type=Path,
+                        help="directory for many_users.{json,md} (default: print only; "
+                             "the published page changes only with --out docs/benchmarks)")
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -216,6 +218,7 @@ def main(argv=None) -> int:
         (args.out / "many_users.json").write_text(json.dumps({"rows": rows, "raw": raw},
                                                              indent=2))
         (args.out / "many_users.md").write_text(markdown(rows, args, command))
+        print(f"wrote {args.out / 'many_users.md'} and many_users.json")
     return 0 if not any(r["errors"] for r in rows) else 1
 
 

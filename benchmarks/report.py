@@ -416,18 +416,31 @@ def write(results: dict[str, Any], out_dir: Path) -> list[Path]:
     return paths
 
 
+def output_dir(args: list[str]) -> Path:
+    """Where ``main(args)`` writes: ``OUT_DIR`` when given, else the user
+    cache of ``python -m benchmarks`` (not beside RESULTS.json: re-rendering
+    a published run must not rewrite docs/ unless OUT_DIR names it)."""
+    if len(args) > 1:
+        return Path(args[1])
+    from benchmarks.common import default_out_dir
+
+    return default_out_dir()
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m benchmarks.report RESULTS.json [OUT_DIR]``: re-render the
-    tables and the chart from a saved run."""
+    tables and the chart from a saved run into OUT_DIR (default:
+    ``${XDG_CACHE_HOME:-~/.cache}/vllm-seqhooks/benchmarks``; the published
+    pages change only when OUT_DIR is ``docs/benchmarks``)."""
     import sys
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
+    if not args or args[0] in ("-h", "--help"):
         print(main.__doc__)
-        return 2
+        return 0 if args else 2
     src = Path(args[0])
     results = json.loads(src.read_text())
-    for p in write(results, Path(args[1]) if len(args) > 1 else src.parent):
+    for p in write(results, output_dir(args)):
         print(f"wrote {p}")
     return 0
 

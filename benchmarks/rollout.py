@@ -491,7 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, help="timed repeats (after one warm-up), >= 1")
     parser.add_argument("--prompts", type=int, help="problems per in-process run")
     parser.add_argument("--http-prompts", type=int, help="problems per HTTP run")
-    parser.add_argument("--out", type=Path, help="directory for rollout.{json,md}")
+    parser.add_argument("--out", type=Path,
+                        help="directory for rollout.{json,md} (default: print only; "
+                             "the published page changes only with --out docs/benchmarks)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     size = dict(SIZES["smoke" if args.smoke else "default"])
@@ -514,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "rollout.json").write_text(json.dumps(results, indent=2) + "\n")
         (args.out / "rollout.md").write_text(md)
     print(md)
+    if args.out:
+        print(f"wrote {args.out / 'rollout.md'} and rollout.json")
     n = size["n"]
     ok = all(c["completions_per_prompt"] == [n, n] and c["sampled_tokens"]["min"] > 0
              for part in ("in_process", "http") if results.get(part)

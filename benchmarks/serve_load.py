@@ -130,7 +130,8 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--model-dir", default=None, help="tiny model dir (built if missing)")
-    parser.add_argument("--out", type=Path, help="write the result as JSON")
+    parser.add_argument("--out", type=Path,
+                        help="JSON file for the result (default: print only)")
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -153,6 +154,7 @@ def main(argv=None) -> int:
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
     return 0 if result["errors"] == 0 and not any(result["after"].values()) else 1
 
 

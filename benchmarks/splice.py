@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="directory for splice.{json,md} (default: print only; "
+                         "the published page changes only with --out docs/benchmarks)")
     ap.add_argument("--cache-dir", type=Path, default=None, help="where the model is built")
     args = ap.parse_args(argv)
     setup_env()
@@ -236,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "splice.json").write_text(
             json.dumps({"size": size, "rows": rows, "environment": env}, indent=2) + "\n")
         (args.out / "splice.md").write_text(text)
+        print(f"wrote {args.out / 'splice.md'} and splice.json")
     return 0 if all(row["same_tokens"] for row in rows) else 1
 
 

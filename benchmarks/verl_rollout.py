@@ -165,7 +165,9 @@ def _report(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="directory for verl_rollout.{json,md} (default: print only; "
+                         "the published page changes only with --out docs/benchmarks)")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")

@@ -12,12 +12,17 @@ processes per side x ``--repeats`` runs; and one
 request at a time on the first ``--latency-n`` problems), and prompt tokens
 prefilled (computed, i.e. not served by the prefix cache: native = parent
 prompts + tokens prefilled at joins + children's prompts; client loop = every
-submitted prompt of every round + children's prompts).  Writes
-``docs/forkjoin_model.md`` and ``docs/forkjoin_eval.json``.
+submitted prompt of every round + children's prompts).  Writes the page
+``forkjoin_model.md`` and the raw numbers ``forkjoin_eval.json`` into
+``--out DIR``: by default a user cache,
+``${XDG_CACHE_HOME:-~/.cache}/vllm-seqhooks/eval``; the shipped
+``docs/forkjoin_model.md`` and ``docs/forkjoin_eval.json`` change only with
+``--out docs``.
 
 Each side runs in its own subprocess (one engine alive at a time).
 
-    .venv/bin/python scripts/eval_forkjoin.py            # 1000 held-out problems
+    .venv/bin/python scripts/eval_forkjoin.py              # 1000 held-out problems
+    .venv/bin/python scripts/eval_forkjoin.py --out docs   # the same, and update docs/
 """
 
 from __future__ import annotations
@@ -176,6 +181,14 @@ def summarize(res: dict) -> dict:
     return s
 
 
+def _before_out(command: str | None, shipped: str) -> str:
+    """A note for a recorded command run when the script's default output
+    was the shipped place (before ``--out`` had to name it)."""
+    if not command or "--out" in command.split():
+        return ""
+    return f"; it wrote to `{shipped}`, which today takes `--out {shipped}`"
+
+
 def machine() -> str:
     return f"{os.cpu_count()}-core CPU ({cpu_model()}), no GPU"
 
@@ -250,6 +263,12 @@ sort 3917425=<promise>3917</promise><promise>425</promise><sync>1379,245=1234579
   (`sort 3917=` → `1379</s>`), so one model plays both roles, and children
   need nothing of the parent's context. Merge separator `{task.MERGE_SEPARATOR}`;
   `child_max_tokens={task.CHILD_MAX_TOKENS}`; parent `max_tokens={task.PARENT_MAX_TOKENS}`.
+- These settings travel with the model, in
+  `vllm_seqhooks/data/forkjoin_model/seqhooks.json`:
+  `LLM(model_dir, special_kwargs="auto")` and
+  `vllm serve vllm_seqhooks/data/forkjoin_model --seqhooks auto` need no
+  other hook setting (with the README's `<promise>`/`<sync>` flags alone,
+  children would run in `fork` context and answer wrongly).
 - The number of promises (0, 2, 3 or 4) depends on the length, so the model
   must decide whether and how often to fork, copy each chunk into its payload,
   and after the join merge the sorted chunks it is given.
@@ -280,7 +299,7 @@ sort 3917425=<promise>3917</promise><promise>425</promise><sync>1379,245=1234579
   itself (not the prompt, not the merged tokens after `<sync>`).
 - AdamW (lr {tr.get('lr')}, warm-up {tr.get('warmup')} steps, cosine decay, weight decay
   {tr.get('weight_decay')}), batch {tr.get('batch_size')}, {tr.get('steps')} steps, seed {tr.get('seed')}.
-- Command: `{tr.get('command')}` ({tr.get('threads')} thread(s); the checkpoint options do not change the run):
+- Command: `{tr.get('command')}` ({tr.get('threads')} thread(s); the checkpoint options do not change the run{_before_out(tr.get('command'), 'vllm_seqhooks/data/forkjoin_model')}):
   **{tr.get('train_seconds', 0) / 60:.1f} min** wall time on this machine (shared with other jobs),
   final training loss {tr.get('final_loss_ema')} (moving average).
   Deterministic: same seed and thread count give identical weights (a second
@@ -339,13 +358,20 @@ after the join (the whole context again, of which only full 32-token blocks
 come from the prefix cache) and the children's prompts. Wall-clock times were
 taken on a machine shared with other jobs and vary by ±20 % between runs.
 
-Machine: {machine()}; torch {info['torch']}, vLLM {info['vllm']}; {info['date']}, commit {info.get('commit', '?')}.
-Command: `{command}`.
+Machine: {info.get('machine') or machine()}; torch {info['torch']}, vLLM {info['vllm']}; {info['date']}, commit {info.get('commit', '?')}.
+Command: `{command}`{_before_out(command, 'docs')}.
 """
     path.write_text(doc)
 
 
-def main(argv: list[str] | None = None) -> int:
+def default_out_dir() -> Path:
+    """Where the page and its numbers go without ``--out``."""
+    from vllm_seqhooks.tasks import cache_dir
+
+    return cache_dir("eval")
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1000)
@@ -361,18 +387,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pressure-kv-mib", type=int, default=128,
                     help="KV cache of the extra batch-timing runs under KV "
                          "pressure (MiB; 0: skip them)")
-    ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "forkjoin_model.md")
-    ap.add_argument("--json", type=Path, default=ROOT / "docs" / "forkjoin_eval.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"directory for forkjoin_model.md and forkjoin_eval.json (default: "
+                         f"{default_out_dir()}; the shipped pages change only with "
+                         "--out docs)")
+    ap.add_argument("--doc", type=Path, default=None,
+                    help="the page (default: --out's forkjoin_model.md)")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="the raw numbers (default: --out's forkjoin_eval.json)")
     ap.add_argument("--doc-only", action="store_true",
                     help="only rewrite --doc from the results in --json")
     ap.add_argument("--side", choices=("native", "loop"), help=argparse.SUPPRESS)
     ap.add_argument("--dump", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The page and the JSON the run writes (``--doc``, ``--json``, else in
+    ``--out``, else in the user cache: never docs/ by default)."""
+    out = args.out if args.out is not None else default_out_dir()
+    return (args.doc if args.doc is not None else out / "forkjoin_model.md",
+            args.json if args.json is not None else out / "forkjoin_eval.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
 
     if args.side:
         res = run_side(args.side, args)
         args.dump.write_text(json.dumps(res))
         return 0
+    args.doc, args.json = output_paths(args)
     if args.doc_only:
         out = json.loads(args.json.read_text())
         for k in ("n", "seed", "kv_mib", "pressure_kv_mib", "rounds", "repeats"):
@@ -453,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
            "native_wrong": wrong}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2) + "\n")
+    args.doc.parent.mkdir(parents=True, exist_ok=True)
     write_doc(args.doc, info, native, loop, mismatches, args, command.strip(), pressure, wrong)
     print(json.dumps({k: v for k, v in out.items() if k not in ("info",)}, indent=2)[:4000])
     print(f"wrote {args.doc} and {args.json}")

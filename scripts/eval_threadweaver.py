@@ -13,9 +13,13 @@ held-out problems, three ways, greedy, float32:
 
 Reports accuracy for each, and how many problems give identical output
 token ids natively and through the loop (and through the server).  Each
-side runs in its own subprocess.  Writes ``docs/threadweaver_eval.json``.
+side runs in its own subprocess.  Writes ``threadweaver_eval.json`` into
+``--out DIR``: by default a user cache,
+``${XDG_CACHE_HOME:-~/.cache}/vllm-seqhooks/eval``; the shipped
+``docs/threadweaver_eval.json`` changes only with ``--out docs``.
 
-    .venv/bin/python scripts/eval_threadweaver.py            # 1000 held-out problems
+    .venv/bin/python scripts/eval_threadweaver.py              # 1000 held-out problems
+    .venv/bin/python scripts/eval_threadweaver.py --out docs   # the same, and update docs/
 """
 
 from __future__ import annotations
@@ -118,19 +122,43 @@ def side_main(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def default_out_dir() -> Path:
+    """Where the results go without ``--out``."""
+    from vllm_seqhooks.tasks import cache_dir
+
+    return cache_dir("eval")
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=task.model_dir())
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=task.HELDOUT_SEED)
     ap.add_argument("--sides", default="serve,native,loop")
-    ap.add_argument("--json", type=Path, default=ROOT / "docs" / "threadweaver_eval.json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"directory for threadweaver_eval.json (default: {default_out_dir()}; "
+                         "the shipped docs/threadweaver_eval.json changes only with --out docs)")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="the results file (default: --out's threadweaver_eval.json)")
     ap.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     ap.add_argument("--dump", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def output_path(args: argparse.Namespace) -> Path:
+    """The JSON the run writes (``--json``, else in ``--out``, else in the
+    user cache: never docs/ by default)."""
+    if args.json is not None:
+        return args.json
+    return (args.out if args.out is not None else default_out_dir()) / "threadweaver_eval.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.side:
         return side_main(args)
+    args.json = output_path(args)
 
     problems = task.heldout_problems(args.n, args.seed)
     sides = [s for s in args.sides.split(",") if s]

@@ -1,10 +1,17 @@
 #!/usr/bin/env python
 """Train an embedded fork/join model from scratch, on CPU.
 
-``--task promise`` (the default; ``vllm_seqhooks/data/forkjoin_model/``) and
-``--task threadweaver`` (``vllm_seqhooks/data/threadweaver_model/``, the same
-sorting in ThreadWeaver's tag format, see ``vllm_seqhooks/tasks/threadweaver.py``
-and ``docs/threadweaver_model.md``) share everything below but the data.
+``--task promise`` (the default; the model shipped in
+``vllm_seqhooks/data/forkjoin_model/``) and ``--task threadweaver``
+(``vllm_seqhooks/data/threadweaver_model/``, the same sorting in ThreadWeaver's
+tag format, see ``vllm_seqhooks/tasks/threadweaver.py`` and
+``docs/threadweaver_model.md``) share everything below but the data.
+
+Where it writes: ``--out DIR``; without it, a user cache,
+``${XDG_CACHE_HOME:-~/.cache}/vllm-seqhooks/models/forkjoin_model`` (or
+``threadweaver_model``), never the shipped model: that one is replaced only
+when ``--out`` names it (``--out vllm_seqhooks/data/forkjoin_model``).  Run the
+demo on what it wrote with ``python -m vllm_seqhooks --model DIR``.
 
 The promise task (``vllm_seqhooks/tasks/forkjoin.py``): sort up to 16 digits; lists of
 more than 4 digits are split by the model itself into ``<promise>`` chunks of 4,
@@ -32,10 +39,12 @@ the parent and of each of its children is the target token; that is exactly
 when greedy fork/join decoding writes the expected text.
 
     .venv/bin/python scripts/train_tiny_forkjoin.py
-    # writes vllm_seqhooks/data/forkjoin_model/ (weights, tokenizer, training.json,
-    # seqhooks.json)
+    # writes ~/.cache/vllm-seqhooks/models/forkjoin_model/ (weights, tokenizer,
+    # training.json, seqhooks.json)
     .venv/bin/python scripts/train_tiny_forkjoin.py --task threadweaver
-    # writes vllm_seqhooks/data/threadweaver_model/
+    # writes ~/.cache/vllm-seqhooks/models/threadweaver_model/
+    .venv/bin/python scripts/train_tiny_forkjoin.py --out vllm_seqhooks/data/forkjoin_model
+    # replaces the shipped model
 
 The threadweaver task's sequences are laid out by the engine's own format code
 (``tasks.threadweaver.sequences``: child prompts by ``formats.boundaries.child_prompt``,
@@ -46,8 +55,9 @@ problem longer than 4 digits (its prompt: the parent's context through
 and ``</Thread>``.
 
 The shipped model is this command with the defaults (seed 0, 1,500 steps, one
-thread): about 17-20 minutes on a shared 2-core CPU; a second run reproduced
-its weights bit for bit.  ``--threads 2`` is faster on an idle machine but
+thread; ``--out vllm_seqhooks/data/forkjoin_model`` to replace it): about
+17-20 minutes on a shared 2-core CPU; a second run reproduced its weights bit
+for bit.  ``--threads 2`` is faster on an idle machine but
 gives other weights (float reductions depend on the thread count).
 """
 
@@ -71,6 +81,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vllm_seqhooks.tasks import forkjoin as forkjoin_task  # noqa: E402
+from vllm_seqhooks.tasks import trained_model_dir  # noqa: E402
 from vllm_seqhooks.tasks import threadweaver as threadweaver_task  # noqa: E402
 from vllm_seqhooks.scripted import tiny_model as tm  # noqa: E402
 
@@ -351,12 +362,25 @@ def save_model(model, out: Path, info: dict, torch, dtype: str, task) -> None:
 # --------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def output_dir(args: argparse.Namespace) -> Path:
+    """The model directory the run writes: ``--out``, else the task's
+    directory in the user cache (never the shipped model by default)."""
+    if args.out is not None:
+        return args.out
+    return trained_model_dir(TASKS[args.task].module.MODEL_DIR.name)
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", choices=sorted(TASKS), default="promise")
     ap.add_argument("--out", type=Path, default=None,
-                    help="model directory (default: the task's embedded model's)")
+                    help="model directory to write (default: "
+                         f"{trained_model_dir(forkjoin_task.MODEL_DIR.name)}, or "
+                         f"{trained_model_dir(threadweaver_task.MODEL_DIR.name)} with --task "
+                         "threadweaver; "
+                         "the shipped model in vllm_seqhooks/data/ is replaced only when "
+                         "--out names it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -377,11 +401,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16",
                     help="dtype of the saved weights (training is float32)")
     ap.add_argument("--no-save", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
 
     task = TASKS[args.task]()
-    if args.out is None:
-        args.out = task.module.MODEL_DIR
+    args.out = output_dir(args)
     if args.child_frac is None:
         args.child_frac = task.child_frac
 
@@ -392,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     task.check_encoding()
+    if not args.no_save:
+        print(f"will write the model to {args.out}", flush=True)
 
     model = build_model(torch, args.seed)
     n_params = sum(p.numel() for p in model.parameters())

@@ -7,6 +7,7 @@ than the client loop; engine steps equal to the critical path)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,17 +19,31 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: What ``python -m benchmarks --smoke`` writes.
+SMOKE_FILES = ("results-smoke.json", "results-smoke.md", "forkjoin-smoke.png")
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    out = tmp_path_factory.mktemp("bench-out")
+    """The smoke run as a user types it (no ``--out``), with the user cache
+    in a temporary directory: its results go there, not to docs/."""
+    xdg = tmp_path_factory.mktemp("xdg-cache")
     cache = tmp_path_factory.mktemp("bench-models")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out),
-         "--cache-dir", str(cache)],
+        [sys.executable, "-m", "benchmarks", "--smoke", "--cache-dir", str(cache)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "XDG_CACHE_HOME": str(xdg)},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    out = xdg / "vllm-seqhooks" / "benchmarks"
+    assert f"wrote {out / 'results-smoke.md'}" in proc.stdout, proc.stdout[-3000:]
     return json.loads((out / "results-smoke.json").read_text()), out
+
+
+def test_smoke_writes_nothing_into_docs(smoke):
+    for name in SMOKE_FILES:
+        assert not (ROOT / "docs" / "benchmarks" / name).exists(), name
+        assert not (ROOT / name).exists(), name
 
 
 def test_outputs_written(smoke):

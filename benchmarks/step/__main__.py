@@ -34,7 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="engine: where the benchmark model is built (default: ~/.cache)")
     p.add_argument("--out", type=Path, default=None,
-                   help="write step_<workload>.{json,md} there")
+                   help="directory for step_<workload>.{json,md} (default: print only; "
+                        "the published page changes only with --out docs/benchmarks)")
     return p
 
 
