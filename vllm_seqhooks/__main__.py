@@ -9,6 +9,12 @@ request per chunk and merges the sorted chunks after ``<sync>``; the parent
 then writes the merged list.  For each problem it prints the model's text, the
 answer, whether it is correct, and the fork/join tree.
 
+``--model vllm_seqhooks/data/threadweaver_model`` runs the same task in
+ThreadWeaver's tags (``<Outlines>`` ... ``</Outlines>``, ``<Thread>``).  A
+model directory names its format in ``seqhooks.json`` (``"format"``:
+``"promise"`` or ``"threadweaver"``); the demo grades it with that format's
+task (``vllm_seqhooks.tasks.forkjoin`` or ``vllm_seqhooks.tasks.threadweaver``).
+
 ``--scripted`` runs a scripted demo instead: a tiny random-weight model whose
 hook tokens are forced by a scripted logits processor.
 """
@@ -16,9 +22,12 @@ hook tokens are forced by a scripted logits processor.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 DEMOS = [
     # (prompt, parent script, child scripts) for --scripted
@@ -45,8 +54,82 @@ DEMO_LENGTHS = (3, 7, 10, 13, 16)
 
 def default_model_dir() -> Path:
     """Where ``--scripted`` builds the tiny random model."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "vllm-seqhooks" / "tiny-model"
+    from vllm_seqhooks.tasks import cache_dir
+
+    return cache_dir("tiny-model")
+
+
+@dataclass(frozen=True)
+class TrainedFormat:
+    """How the demo runs and grades a trained model of one hook format."""
+
+    name: str  # seqhooks.json's "format"
+    task: ModuleType  # Problem, check, extract_answer, PARENT_MAX_TOKENS, ENGINE_KWARGS
+    #: What the summary line says the model and the engine wrote.
+    written: str
+
+
+def trained_formats() -> dict[str, TrainedFormat]:
+    """The formats of the embedded models, by seqhooks.json's ``"format"``."""
+    from vllm_seqhooks.tasks import forkjoin, threadweaver
+
+    return {
+        "promise": TrainedFormat(
+            "promise", forkjoin,
+            "every <promise>, </promise> and <sync> above was written by the model "
+            "(greedy), the text right after <sync> is the children's merged output"),
+        "threadweaver": TrainedFormat(
+            "threadweaver", threadweaver,
+            f"every {threadweaver.PARALLEL}, {threadweaver.OUTLINES}, {threadweaver.OUTLINE}, "
+            f"{threadweaver.OUTLINE_END}, {threadweaver.OUTLINES_END}, "
+            f"{threadweaver.CONCLUSION_END} and {threadweaver.PARALLEL_END} above was "
+            f"written by the model (greedy); the {threadweaver.THREAD} blocks through "
+            f"{threadweaver.CONCLUSION} are the engine's merge of the children's outputs "
+            f"(each child wrote its sorted chunk and {threadweaver.THREAD_END})"),
+    }
+
+
+def _supported() -> str:
+    return ", ".join(f'"{name}" ({f.task.__name__})' for name, f in trained_formats().items())
+
+
+def trained_model(model: Path | None) -> tuple[Path, TrainedFormat]:
+    """The trained model directory the demo runs (``--model``, or the
+    embedded promise model) and its format, read from its ``seqhooks.json``.
+    Raises ``SystemExit`` with what to do when the directory holds no
+    trained model of a supported format."""
+    from vllm_seqhooks.tasks import forkjoin, threadweaver, trained_model_dir
+
+    model = Path(model or forkjoin.model_dir())
+    if not (model / "model.safetensors").is_file():
+        trained = trained_model_dir(forkjoin.MODEL_DIR.name)
+        raise SystemExit(
+            f"no trained model in {model} (no model.safetensors). The embedded ones: "
+            f"--model {forkjoin.MODEL_DIR} or --model {threadweaver.MODEL_DIR}. Or train "
+            f"one: `.venv/bin/python scripts/train_tiny_forkjoin.py` writes {trained} "
+            f"(with --task threadweaver: {trained_model_dir(threadweaver.MODEL_DIR.name)}); "
+            f"then run `python -m vllm_seqhooks --model {trained}`")
+    settings_file = model / "seqhooks.json"
+    if not settings_file.is_file():
+        raise SystemExit(
+            f"{settings_file} not found: the demo reads the model's hook format "
+            f'from it ("format": one of {_supported()})')
+    try:
+        settings = json.loads(settings_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{settings_file}: not readable JSON ({exc})") from None
+    name = settings.get("format") if isinstance(settings, dict) else None
+    formats = trained_formats()
+    if name not in formats:
+        raise SystemExit(
+            f'{settings_file}: "format" is {name!r}; the demo grades the formats of '
+            f"its trained tasks: {_supported()}")
+    return model, formats[name]
+
+
+def summary_line(fmt: TrainedFormat, n_ok: int, n: int, elapsed: float) -> str:
+    """The demo's last line."""
+    return f"{n_ok}/{n} correct in {elapsed:.2f}s; {fmt.written}"
 
 
 def demo_problems(seed: int, lengths=DEMO_LENGTHS):
@@ -59,16 +142,12 @@ def demo_problems(seed: int, lengths=DEMO_LENGTHS):
 
 
 def trained_demo(args: argparse.Namespace) -> int:
+    model, fmt = trained_model(args.model)
+    task = fmt.task
     from vllm import SamplingParams
 
     from vllm_seqhooks import LLM, format_tree
-    from vllm_seqhooks.tasks import forkjoin as task
 
-    model = Path(args.model or task.model_dir())
-    if not (model / "model.safetensors").is_file():
-        raise SystemExit(
-            f"no trained model in {model}; train it with "
-            "`.venv/bin/python scripts/train_tiny_forkjoin.py`")
     if args.digits:
         problems = [task.Problem(d) for d in args.digits]
     else:
@@ -94,9 +173,7 @@ def trained_demo(args: argparse.Namespace) -> int:
               f"({'correct' if ok else 'WRONG, expected ' + p.answer})")
         print(format_tree(out.hook_trace))
     print("=" * 78)
-    print(f"{n_ok}/{len(problems)} correct in {elapsed:.2f}s; every <promise>, </promise> "
-          f"and <sync> above was written by the model (greedy), the text right after "
-          f"<sync> is the children's merged output")
+    print(summary_line(fmt, n_ok, len(problems), elapsed))
     return 0 if n_ok == len(problems) else 1
 
 
@@ -134,9 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7,
                         help="seed of the default problems (default: %(default)s)")
     parser.add_argument("--model", "--model-dir", dest="model", type=Path, default=None,
-                        help="model directory (default: the embedded trained model; "
-                             "with --scripted: where the random model is built, "
-                             f"{default_model_dir()})")
+                        help="model directory (default: the embedded trained model "
+                             "vllm_seqhooks/data/forkjoin_model; its seqhooks.json names "
+                             "its format: promise or threadweaver; with --scripted: where "
+                             f"the random model is built, {default_model_dir()})")
     parser.add_argument("--scripted", action="store_true",
                         help="the scripted-token demo on a random model")
     parser.add_argument("--verbose", action="store_true", help="keep vLLM's INFO logs")
