@@ -31,6 +31,13 @@ patch                  what, why, when installed, when it can go
                        (``kv_transfer_params["seqhooks_traces"]``). Installed
                        like ``request_validation``. Can go when vLLM keeps
                        each completion's ``kv_transfer_params``.
+``beam_search``        ``BeamSearchOfflineMixin.beam_search`` (``LLM.beam_search``)
+                       and ``BeamSearchOnlineMixin.beam_search`` (the OpenAI
+                       server's ``use_beam_search``): refused with an error for
+                       an engine with hooks (their one-token step requests would
+                       spawn children nobody joins). Installed like
+                       ``request_validation``. Can go when vLLM's beam search
+                       runs whole requests, or hooks score joined beams.
 ``family_batch_order`` ``GPUModelRunner._may_reorder_batch`` (V1 model runner):
                        each fork/join family is contiguous in the persistent
                        batch (:mod:`vllm_seqhooks.core.batch_order`). Installed
@@ -56,6 +63,8 @@ from __future__ import annotations
 import functools
 import logging
 
+from vllm_seqhooks.engine.vllm_private.frontend import BEAM_SEARCH
+
 logger = logging.getLogger("vllm.seqhooks.plugin")
 
 _SERVE_FLAGS_MARK = "_seqhooks_wrapped"
@@ -69,6 +78,8 @@ def install_plugin_patches() -> None:
 
     when_imported("vllm.v1.engine.input_processor", _install_request_validation_logged)
     when_imported("vllm.v1.engine.output_processor", _install_completion_traces_logged)
+    for module, _name in BEAM_SEARCH:
+        when_imported(module, functools.partial(_install_beam_search_refusal_logged, module))
     _install_serve_flags()
 
 
@@ -81,6 +92,7 @@ def install_frontend_patches() -> None:
 
     vllm_private.install_request_validator()
     vllm_private.install_per_completion_traces()
+    vllm_private.install_beam_search_refusal()
 
 
 def install_worker_patches() -> bool:
@@ -110,6 +122,15 @@ def _install_completion_traces_logged() -> None:
 
     try:
         vllm_private.install_per_completion_traces()
+    except vllm_private.VllmPrivateAPIError as exc:
+        logger.error("%s", exc)  # (as for the request check)
+
+
+def _install_beam_search_refusal_logged(module: str) -> None:
+    from vllm_seqhooks.engine import vllm_private
+
+    try:
+        vllm_private.install_beam_search_refusal(module)
     except vllm_private.VllmPrivateAPIError as exc:
         logger.error("%s", exc)  # (as for the request check)
 

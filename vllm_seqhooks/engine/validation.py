@@ -27,6 +27,13 @@ from vllm_seqhooks.config.request_keys import (
     unknown_request_keys,
 )
 
+BEAM_SEARCH_REFUSAL = (
+    "beam search cannot be combined with sequence hooks: vLLM's beam search scores one-token "
+    "requests step by step, and the children a step spawns would never be joined into its "
+    "beams. Sample n completions instead (each is its own fork/join family), or serve the "
+    "model without hooks for beam search")
+
+
 def check_request(sampling_params: Any) -> None:
     """Raise ``ValueError`` (naming the field) for settings hooks cannot honour."""
     unknown = unknown_request_keys(sampling_params.extra_args, ENGINE_REQUEST_KEYS)

@@ -40,6 +40,8 @@ from vllm_seqhooks.engine.vllm_private.input_batch import (
 from vllm_seqhooks.engine.vllm_private.frontend import (
     input_processor_problems,
     install_per_completion_traces,
+    install_beam_search_refusal,
+    beam_search_problems,
     install_request_validator,
     output_processor_problems,
 )
@@ -86,7 +88,8 @@ __all__ = [
     "children_first_queue", "hash_lookahead_tokens", "copy_kv_slots", "hit_with_partial_block", "cpu_seed_problems",
     "input_batch_problems", "input_processor_problems", "permute_input_batch",
     "install_cpu_seed_fix",
-    "install_family_batch_order", "install_per_completion_traces", "install_request_validator",
+    "install_family_batch_order", "install_per_completion_traces", "install_beam_search_refusal",
+    "beam_search_problems", "install_request_validator",
     "install_splice_inputs", "output_processor_problems",
     "model_runner_problems", "problems", "runner_kv_caches", "salt_block_hashes", "scheduler_problems",
     "world_cpu_group",

@@ -151,3 +151,73 @@ def install_per_completion_traces() -> None:
         return out
 
     wrap_method(RequestState, "make_request_output", make_request_output, _TRACES_MARK)
+
+
+#: vLLM's beam search: offline (``LLM.beam_search``) and online (the OpenAI
+#: server's ``use_beam_search``). Each runs one-token requests step after
+#: step and scores them; with hooks, a step that samples a hook token spawns
+#: children nobody joins, and the beams read ``<sync><sync>...``: refused.
+BEAM_SEARCH = (
+    ("vllm.entrypoints.generate.beam_search.offline", "BeamSearchOfflineMixin"),
+    ("vllm.entrypoints.generate.beam_search.online", "BeamSearchOnlineMixin"),
+)
+_BEAM_SEARCH_MARK = "_seqhooks_beam_search_refusal"
+
+
+def beam_search_problems(module: str | None = None) -> list[str]:
+    """Like :func:`input_processor_problems`, for the beam-search refusal
+    (of ``module``'s mixin, or both)."""
+    import importlib
+
+    found = []
+    for name_of_module, name in BEAM_SEARCH:
+        if module not in (None, name_of_module):
+            continue
+        cls = getattr(importlib.import_module(name_of_module), name, None)
+        method = getattr(cls, "beam_search", None)
+        asynchronous = name.endswith("OnlineMixin")
+        if not callable(method) or inspect.isasyncgenfunction(
+                getattr(method, "__wrapped__", method)) != asynchronous:
+            found.append(f"{name_of_module}.{name}.beam_search is no longer "
+                         f"{'an async generator' if asynchronous else 'a method'}")
+    return found
+
+
+def install_beam_search_refusal(module: str | None = None) -> None:
+    """Make vLLM's beam search (of ``module``'s mixin, or both; offline and
+    online) refuse an engine with hooks
+    (:data:`vllm_seqhooks.engine.validation.BEAM_SEARCH_REFUSAL`, a
+    ``VLLMValidationError``: HTTP 400); engines without hooks are untouched.
+    Raises :class:`VllmPrivateAPIError` when the mixin is not as expected."""
+    import importlib
+
+    from vllm.exceptions import VLLMValidationError
+
+    from vllm_seqhooks.engine.validation import BEAM_SEARCH_REFUSAL, hooks_enabled
+
+    found = beam_search_problems(module)
+    if found:
+        raise VllmPrivateAPIError(
+            "vllm_seqhooks cannot refuse beam search on this vLLM:\n  - " + "\n  - ".join(found))
+
+    def refuse(vllm_config) -> None:
+        if hooks_enabled(getattr(vllm_config, "additional_config", None)):
+            raise VLLMValidationError(BEAM_SEARCH_REFUSAL, parameter="use_beam_search")
+
+    for name_of_module, name in BEAM_SEARCH:
+        if module not in (None, name_of_module):
+            continue
+        cls = getattr(importlib.import_module(name_of_module), name)
+        original = cls.beam_search
+        if getattr(original, _BEAM_SEARCH_MARK, False):
+            continue
+        if inspect.isasyncgenfunction(original):
+            async def beam_search(self, *args, _original=original, **kwargs):
+                refuse(self.engine_client.vllm_config)
+                async for output in _original(self, *args, **kwargs):
+                    yield output
+        else:
+            def beam_search(self, *args, _original=original, **kwargs):
+                refuse(self.llm_engine.vllm_config)
+                return _original(self, *args, **kwargs)
+        wrap_method(cls, "beam_search", beam_search, _BEAM_SEARCH_MARK)
