@@ -141,6 +141,12 @@ class Joins:
                 truncated=merge.record.truncated, merged=len(merge.tokens), room=merge.room,
                 remaining=remaining, family_stops=self.family_limits.stops_member(st))):
             finish_status = RequestStatus.FINISHED_LENGTH_CAPPED
+        if merge.tokens and not self.vllm.grammar_accepts(st.request, merge.tokens):
+            logger.warning(
+                "%s: its structured-output grammar rejects the %d tokens merged from its "
+                "children; it finishes with an error (finish_reason 'error')", rid,
+                len(merge.tokens))
+            finish_status = RequestStatus.FINISHED_ERROR
         if finish_status is not None:
             self._finish_after_join(st, merge, finish_status)
         else:

@@ -16,10 +16,12 @@ import logging
 from collections import deque
 from typing import Callable
 
+from vllm import SamplingParams
 from vllm.v1.request import Request
 
 from vllm_seqhooks.config.request_keys import CHILD_KEY_ARG, SAMPLED_BEFORE_ARG
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs
+from vllm_seqhooks.core.child_params import cleared_in
 from vllm_seqhooks.core.child_queue import ChildrenFirst
 from vllm_seqhooks.core.family_limits import ENGINE_LIVE, TRANSIENT_REFUSALS
 from vllm_seqhooks.core.join_plan import (
@@ -242,14 +244,18 @@ class Spawning:
 
 
 def _child_params(parent: Request, budget: int, key: str):
-    """A child's sampling parameters: its parent's, with ``n=1``, its own
-    budget and key, and a seed derived from a seeded parent's. A shallow
-    copy: the child shares what it does not change (stop lists, logit bias,
-    structured-output settings: read-only in EngineCore), and its
-    ``extra_args`` is a new dict."""
+    """A child's sampling parameters, field by field as
+    :data:`vllm_seqhooks.core.child_params.CHILD_PARAMS` decides: its
+    parent's, with ``n=1``, its own budget and key, a seed derived from a
+    seeded parent's, and the fields the parent's own sampling alone reads
+    cleared (``min_tokens``, ``structured_outputs``, ...). A shallow copy:
+    the child shares what it does not change (stop lists, logit bias:
+    read-only in EngineCore), and its ``extra_args`` is a new dict."""
     sp = copy.copy(parent.sampling_params)
     sp.n = 1
     sp.max_tokens = budget
+    for name, value in _CLEARED.items():
+        setattr(sp, name, value)
     extra = dict(sp.extra_args or {})
     extra.pop(SAMPLED_BEFORE_ARG, None)
     extra[CHILD_KEY_ARG] = key
@@ -257,3 +263,7 @@ def _child_params(parent: Request, budget: int, key: str):
     if sp.seed is not None:
         sp.seed = derive_seed(sp.seed, key)
     return sp
+
+
+#: What a child's parameters clear (those of the installed vLLM's fields).
+_CLEARED = cleared_in(SamplingParams.__struct_fields__)

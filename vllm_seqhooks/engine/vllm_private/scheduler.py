@@ -82,6 +82,7 @@ SCHEDULER_ATTRIBUTES = (
     "use_v2_model_runner",
     "vllm_config",
     "hash_block_size",
+    "structured_output_manager",
 )
 
 #: Request internals (attributes of a constructed Request).
@@ -176,9 +177,39 @@ def scheduler_problems(release: Release) -> list[str]:
     if not hasattr(RequestStatus, "WAITING_FOR_STREAMING_REQ"):
         found.append("RequestStatus.WAITING_FOR_STREAMING_REQ is missing")
     found += _block_hasher_problems(release)
+    found += _child_params_problems()
+    found += _grammar_problems()
     found += _partial_hit_problems()
     found += _waiting_queue_problems()
     found += _world_group_problems()
+    return found
+
+
+def _child_params_problems() -> list[str]:
+    """Every SamplingParams field has a child rule (core/child_params.py)."""
+    from vllm import SamplingParams
+
+    from vllm_seqhooks.core.child_params import unruled
+
+    return [f"SamplingParams.{name} has no rule for children in "
+            "vllm_seqhooks/core/child_params.py" for name in unruled(SamplingParams.__struct_fields__)]
+
+
+#: What a join asks of vLLM's structured-output manager: the parent's
+#: grammar advanced over the merged tokens (the grammar a streaming-session
+#: update keeps: ``_update_request_as_session`` does not rebuild it).
+GRAMMAR_METHODS = (("accept_tokens", ("self", "request", "new_token_ids")),
+                   ("validate_tokens", ("self", "request", "spec_tokens")))
+
+
+def _grammar_problems() -> list[str]:
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    found = method_problems(StructuredOutputManager, GRAMMAR_METHODS)
+    if "structured_output_request" in inspect.getsource(Scheduler._update_request_as_session):
+        found.append("Scheduler._update_request_as_session now touches the structured-output "
+                     "request (a join feeds the merged tokens to the grammar it keeps)")
     return found
 
 

@@ -99,6 +99,17 @@ class SchedulerPort:
     def drop_worker_state(self, request_id: str) -> None:
         drop_worker_state(self._sched, request_id)
 
+    def grammar_accepts(self, request: Any, tokens: list[int]) -> bool:
+        """Advance ``request``'s grammar (structured outputs) over ``tokens``
+        it did not sample; False when the grammar rejects them. True for a
+        request without one."""
+        manager = self._sched.structured_output_manager
+        # (checked first: xgrammar logs an error, "please file an issue", for
+        # tokens its accept_tokens rejects)
+        if len(manager.validate_tokens(request, list(tokens))) < len(tokens):
+            return False
+        return manager.accept_tokens(request, list(tokens))
+
     def resume_session(self, request: Any, update: Any) -> None:
         resume_session(self._sched, request, update)
 
