@@ -219,3 +219,60 @@ def test_served_features(tmp_path):
         server.stop()
     assert "Traceback" not in log, log[-3000:]
     assert "rejects the 12 tokens merged from its children" in log
+
+
+def _lora_adapter(path):
+    """A rank-8 LoRA adapter (q and v projections, random) for the embedded
+    model, written as PEFT writes one."""
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    gen = torch.Generator().manual_seed(0)
+    weights = {}
+    for layer in range(4):
+        for proj, (rows, cols) in {"q_proj": (256, 256), "v_proj": (128, 256)}.items():
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            weights[f"{prefix}.lora_A.weight"] = torch.randn(8, cols, generator=gen) * 0.5
+            weights[f"{prefix}.lora_B.weight"] = torch.randn(rows, 8, generator=gen) * 0.5
+    save_file(weights, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 8, "lora_alpha": 16,
+        "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+        "target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": "forkjoin_model"}))
+    return path
+
+
+def test_children_run_under_the_parents_lora_adapter(tmp_path):
+    """A request with a LoRA adapter: each child's tokens are a fresh
+    request of its prompt under the same adapter (and not those of the base
+    model)."""
+    from vllm.lora.request import LoRARequest
+
+    from vllm_seqhooks import LLM
+
+    adapter = LoRARequest("random", 1, str(_lora_adapter(tmp_path / "adapter")))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        engine = LLM(str(task.model_dir()), special_kwargs="auto", enable_lora=True,
+                     max_lora_rank=8, max_loras=1, **task.ENGINE_KWARGS)
+    try:
+        params = _params()
+        with _no_hang():
+            (out,) = engine.generate([PROBLEM], params, lora_request=adapter, use_tqdm=False)
+        children = out.hook_trace["children"]
+        assert children, out.outputs[0].text
+        base = []
+        for child in children:
+            sp = params.clone()
+            sp.max_tokens, sp.extra_args = task.CHILD_MAX_TOKENS, dict(HOOKS_OFF)
+            prompt = {"prompt_token_ids": child["prompt_rest_token_ids"]}
+            with _no_hang():
+                (under,) = engine.generate([prompt], sp, lora_request=adapter, use_tqdm=False)
+                (plain,) = engine.generate([prompt], sp, use_tqdm=False)
+            own = list(child["output_token_ids"])
+            assert list(under.outputs[0].token_ids)[: len(own)] == own, child["key"]
+            base.append(list(plain.outputs[0].token_ids)[: len(own)] == own)
+        assert not all(base)  # (the adapter changes what a child writes)
+    finally:
+        engine.shutdown()
