@@ -4,7 +4,8 @@
 # (.venv033, or $VENV033; a test-only arrangement, see docs/install.md):
 # vLLM 0.33.0's own scheduler tests against the hook scheduler
 # (scripts/upstream_conformance.sh), then the project's tests that are not
-# marked slow (unit, surgical scheduler, speculative, splice, formats, ...)
+# marked slow and reach vLLM (surgical scheduler, speculative, splice, ...;
+# the pure ones ran on 0.32 and cannot differ)
 # and the end-to-end tests through LLM and `vllm serve` (pause, resume,
 # sleep and aborts with families in flight included; the verl agent loop
 # against ThreadWeaver's client loop and verl's server between steps). Both always run;
@@ -17,7 +18,9 @@ PY=$VENV033/bin/python
 [ -x "$PY" ] || { echo "test_vllm033.sh: $PY not found; run scripts/setup_vllm033.sh first" >&2; exit 1; }
 status=0
 PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
-"$PY" -m pytest tests -m "not slow" --durations=15 "$@" || status=$?
+# (not the tests that reach no vLLM: they ran on 0.32 and cannot differ here,
+# the same torch and transformers: tests/support/version_scope.py)
+"$PY" -m pytest tests -m "not slow and not vllm_independent" --durations=15 "$@" || status=$?
 "$PY" -m pytest tests/test_forkjoin_e2e.py tests/test_llm_entrypoint.py tests/test_serve.py \
   tests/test_between_training_steps.py tests/test_verl_between_steps.py tests/test_request_features.py \
   "tests/test_verl.py::test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm" \

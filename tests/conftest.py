@@ -84,3 +84,19 @@ def _metrics_env_restored():
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests of modules that run the same on every vLLM release
+    (``vllm_independent``: :mod:`tests.support.version_scope`); the vLLM 0.33
+    part of the suite leaves them out."""
+    from tests.support.version_scope import is_vllm_independent
+
+    marker = pytest.mark.vllm_independent
+    independent: dict[str, bool] = {}
+    for item in items:
+        path = str(item.path)
+        if path not in independent:
+            independent[path] = is_vllm_independent(path)
+        if independent[path]:
+            item.add_marker(marker)
