@@ -110,3 +110,18 @@ def test_a_metrics_directory_is_not_shared_with_the_servers_a_process_starts(mon
     metrics_export.enable_metrics()
     assert os.environ[ENV_DIR] == str(tmp_path)
     assert {engines, served} <= set(metrics_export._directories)
+
+
+def test_the_serving_docs_list_every_metric():
+    """docs/serving.md's metrics table names every counter, gauge and the
+    histogram the engine exports, and nothing else."""
+    import re
+    from pathlib import Path
+
+    from vllm_seqhooks.engine.metrics import COUNTERS, GAUGES
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
+    listed = set(re.findall(r"^\| `vllm:seqhooks_(\w+?)(?:\{\w+\})?` \|", page, re.M))
+    exported = ({f"{name}_total" for name in COUNTERS} | {"children_ended_total"}
+                | set(GAUGES) | {"park_time_seconds"})
+    assert listed == exported
