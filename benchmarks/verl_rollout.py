@@ -4,6 +4,10 @@ client loop, both through verl's agent-loop machinery.
     python -m benchmarks.verl_rollout --out docs/benchmarks    # default size (verl_rollout.md)
     python -m benchmarks.verl_rollout --smoke                  # under a minute
 
+Needs verl (docs/rl.md, "verl"); from the checkout's venv, where
+``scripts/setup.sh`` puts it in ``.verl`` (outside the venv), prefix
+``PYTHONPATH=.verl``.
+
 The embedded trained ThreadWeaver-format model samples ``n`` completions of
 each held-out problem at temperature 1 (GRPO groups), through verl 0.9.1's
 ``AgentLoopWorker.generate_sequences`` over its ``LLMServerClient`` and its

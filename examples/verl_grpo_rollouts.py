@@ -15,8 +15,10 @@ the advantages from verl's own ``compute_grpo_outcome_advantage``; the
 script prints the batch's fields and, per sample, its reward, advantage,
 the tokens the policy sampled (mask 1) and the engine inserted (mask 0),
 and the per-call rows (``expanded_*``) ThreadWeaver's trainer takes. Needs
-verl beside vLLM (``scripts/setup.sh`` installs it). Sampling is at
-temperature 1 without a seed: runs differ.
+verl beside vLLM (docs/rl.md, "verl"); from the checkout's venv, where
+``scripts/setup.sh`` puts it in ``.verl`` (outside the venv):
+``PYTHONPATH=.verl .venv/bin/python examples/verl_grpo_rollouts.py``.
+Sampling is at temperature 1 without a seed: runs differ.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@
 # (SEQHOOKS_VENV033_FROM=build); auto picks clone when it can. Either way it
 # ends with this package installed editable (--no-deps), the test tools and
 # the 'ray' extra, and no torchvision/torchaudio/torchcodec/triton (the Model
-# Runner V2 tests take Triton from ./.triton, installed by setup.sh).
+# Runner V2 tests take Triton from ./.triton, and the verl tests verl from
+# ./.verl, both installed by setup.sh).
 #
 # Names no package index: pip's own configuration chooses. Safe to re-run;
 # fails loudly on any error. Downloads are cached in ./.cache/vllm033.
@@ -125,6 +126,8 @@ PY
          --include='*.txt' --include='*.py' -F "$VENV032/" "$VENV033.partial/lib"; then
       die "site-packages of $VENV032 holds absolute paths to it; use SEQHOOKS_VENV033_FROM=build"
     fi
+    # (setup.sh's stamp says the copy is the 0.32 venv it made: it is not)
+    rm -f "$VENV033.partial/.seqhooks-setup"
     mv "$VENV033.partial" "$VENV033"
   else
     log "creating $VENV033"

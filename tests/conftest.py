@@ -4,7 +4,12 @@ The tests' tools are the package ``tests.support``: the repository's root
 goes first on ``sys.path`` and on ``PYTHONPATH`` (every process a test
 starts -- engine cores, ``vllm serve``, Ray workers -- imports them the same
 way), with the directory of the tests' own vLLM plugin
-(:mod:`tests.support.ray_on_cpu`).
+(:mod:`tests.support.ray_on_cpu`), and then verl's side directory when it is
+there (``<repo>/.verl``, or ``$SEQHOOKS_VERL_DIR``: ``scripts/setup.sh``
+installs verl and the packages it needs that vLLM does not bring there,
+outside the venv, since verl pins what vLLM cannot have; verl's server and
+vLLM's worker processes import verl too, hence ``PYTHONPATH``). After the
+root: verl also ships top-level ``tests`` and ``scripts`` packages.
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ import pytest
 
 _ROOT = Path(__file__).resolve().parents[1]
 _PATHS = [str(_ROOT), str(_ROOT / "tests" / "support" / "ray_plugin")]
+#: verl's side directory (``scripts/setup.sh``; the verl tests skip without it).
+VERL_DIR = Path(os.environ.get("SEQHOOKS_VERL_DIR") or _ROOT / ".verl")
+if (VERL_DIR / "verl" / "__init__.py").is_file():
+    _PATHS.append(str(VERL_DIR.resolve()))
 for _path in reversed(_PATHS):
     if _path not in sys.path:
         sys.path.insert(0, _path)
