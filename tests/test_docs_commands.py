@@ -884,6 +884,8 @@ REGISTRY: dict[tuple[str, str], Handler] = {
     ("README.md", "vllm serve MODEL --seqhooks auto      #"): Flags(by_id=True),
     ("README.md", "curl -s 127.0.0.1:8000/v1/completions"): Serve(check=_readme_curl_answer),
     # ------------------------------------------------------------ docs/*.md
+    ("docs/testing.md", "./scripts/test.sh        # the whole suite"):
+        CI(".ci/run", "bash scripts/test.sh", executable="scripts/test.sh"),
     ("docs/install.md", "./scripts/setup.sh          #"):
         CI(".ci/run", "bash scripts/setup.sh", executable="scripts/setup.sh"),
     ("docs/install.md", "pip install vllm==0.32.0"): NotHere(
