@@ -23,6 +23,7 @@ PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
 "$PY" -m pytest tests -m "not slow and not vllm_independent" --durations=15 "$@" || status=$?
 "$PY" -m pytest tests/test_forkjoin_e2e.py tests/test_llm_entrypoint.py tests/test_serve.py \
   tests/test_between_training_steps.py tests/test_verl_between_steps.py tests/test_request_features.py \
+  tests/test_request_features_reasoning.py \
   "tests/test_verl.py::test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm" \
   "$@" || status=$?
 exit "$status"
