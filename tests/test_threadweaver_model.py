@@ -151,7 +151,8 @@ def test_shipped_model_files_and_settings(codec):
 def test_llm_auto_answers_and_equals_the_format_loop():
     """``LLM(model, special_kwargs="auto")``: 50 held-out problems answered
     (>= 49), the engine forking at ``</Outlines>`` itself; token for token
-    what ThreadWeaver's client loop (FormatLoop) gets over stock vLLM."""
+    what ThreadWeaver's client loop (FormatLoop) gets over stock vLLM; chat
+    (one user message) answers what completions answer."""
     import vllm
     from vllm import SamplingParams
 
@@ -167,12 +168,16 @@ def test_llm_auto_answers_and_equals_the_format_loop():
         llm = LLM(model, special_kwargs="auto", **task.ENGINE_KWARGS)
         assert llm.special_kwargs.fork_tag == "</Outlines>"
         outs = llm.generate([p.prompt for p in problems], params, use_tqdm=False)
+        # chat: the model's template renders one user message as the bare problem
+        chats = llm.chat([[{"role": "user", "content": p.prompt}] for p in problems[:8]],
+                         params, use_tqdm=False)
         del llm
         gc.collect()
         loop = FormatLoop(vllm.LLM(model, **task.ENGINE_KWARGS), "auto")
         results = loop.generate([p.prompt for p in problems], params)
     texts = [o.outputs[0].text for o in outs]
     assert task.summarize(problems, texts)["correct"] >= 49, texts
+    assert [c.outputs[0].text for c in chats] == texts[:8]
     forked = 0
     for p, out, res in zip(problems, outs, results):
         comp = out.outputs[0]
