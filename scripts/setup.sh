@@ -26,15 +26,46 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 NO_RAY=${SEQHOOKS_NO_RAY:-}
 [ "$NO_RAY" = "1" ] || NO_RAY=0
 
+# verl's rollout side, for the verl agent loop's tests, example and benchmark:
+# in a side directory the tests put on sys.path and PYTHONPATH
+# (tests/conftest.py), not in the venv (requirements/verl.txt says why
+# --no-deps: verl pins what vLLM cannot have). SEQHOOKS_NO_VERL=1 leaves it
+# out (tests/test_verl.py then skips what needs verl, saying why).
+VERL_DIR=${SEQHOOKS_VERL_DIR:-$ROOT/.verl}
+if [ "${SEQHOOKS_NO_VERL:-}" != "1" ]; then
+  VERL_INPUTS=$(sha256sum requirements/verl.txt | cut -d' ' -f1)
+  if [ -f "$VERL_DIR/.seqhooks-verl" ] && [ "$(cat "$VERL_DIR/.seqhooks-verl")" = "requirements=$VERL_INPUTS" ]; then
+    log "verl already in $VERL_DIR (requirements/verl.txt unchanged)"
+  else
+    log "installing verl 0.9.1 into $VERL_DIR (the verl tests; not in the venv)"
+    rm -rf "$VERL_DIR.partial"
+    "${PIP[@]}" install --no-deps --target "$VERL_DIR.partial" -r requirements/verl.txt
+    echo "requirements=$VERL_INPUTS" >"$VERL_DIR.partial/.seqhooks-verl"
+    rm -rf "$VERL_DIR"
+    mv "$VERL_DIR.partial" "$VERL_DIR"
+  fi
+fi
+
+# verl lived in the venv before (installed --no-deps, against its pins); it
+# now lives in the side directory above (installed first, so that the verl
+# tests of a checkout being re-set-up keep finding it): take it and what came
+# with it out of the venv.
+if "${PIP[@]}" show verl >/dev/null 2>&1; then
+  VERL_DISTS=$(sed -e 's/#.*//' -e 's/[=<>!~; ].*//' requirements/verl.txt | grep -v '^$')
+  log "removing verl and its extras from the venv (now in the verl side directory): $(echo $VERL_DISTS)"
+  "${PIP[@]}" uninstall -y $VERL_DISTS
+fi
+
 # What the venv is built from; the stamp in the venv records it.
 STAMP=$VENV/.seqhooks-setup
 INPUTS=$( { cat scripts/setup.sh requirements/cpu.txt requirements/test.txt pyproject.toml \
               scripts/vllm_cpu_shim/pyproject.toml; echo "no_ray=$NO_RAY"; } | sha256sum | cut -d' ' -f1)
 
 # Whether the venv holds what the inputs ask for (read from the installed
-# metadata, no index; -I: not the checkout's own vllm_seqhooks.egg-info): the stamp, each top-level requirement at its pinned
-# version, the shim, this checkout editable, no verl and no triton in the
-# venv, and pip check (scripts/pip_check.py).
+# metadata, no index; -I: not the checkout's own vllm_seqhooks.egg-info): the
+# stamp, each top-level requirement at its pinned version, the shim, this
+# checkout editable, no verl and no triton in the venv, and pip check
+# (scripts/pip_check.py).
 venv_current() {
   [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "inputs=$INPUTS" ] || return 1
   "$VENV/bin/python" -I - "$ROOT" "$NO_RAY" <<'PY' || return 1
@@ -128,34 +159,6 @@ else
   "${PIP[@]}" install --no-deps --target "$TRITON_DIR.partial" "triton==$TRITON_VERSION"
   rm -rf "$TRITON_DIR"
   mv "$TRITON_DIR.partial" "$TRITON_DIR"
-fi
-
-# verl lived in the venv before (installed --no-deps, against its pins);
-# it now lives in the side directory below: take it and what came with it out.
-if "${PIP[@]}" show verl >/dev/null 2>&1; then
-  VERL_DISTS=$(sed -e 's/#.*//' -e 's/[=<>!~; ].*//' requirements/verl.txt | grep -v '^$')
-  log "removing verl and its extras from the venv (now in the verl side directory): $(echo $VERL_DISTS)"
-  "${PIP[@]}" uninstall -y $VERL_DISTS
-fi
-
-# verl's rollout side, for the verl agent loop's tests, example and benchmark:
-# in a side directory the tests put on sys.path and PYTHONPATH
-# (tests/conftest.py), not in the venv (requirements/verl.txt says why
-# --no-deps: verl pins what vLLM cannot have). SEQHOOKS_NO_VERL=1 leaves it
-# out (tests/test_verl.py then skips what needs verl, saying why).
-VERL_DIR=${SEQHOOKS_VERL_DIR:-$ROOT/.verl}
-if [ "${SEQHOOKS_NO_VERL:-}" != "1" ]; then
-  VERL_INPUTS=$(sha256sum requirements/verl.txt | cut -d' ' -f1)
-  if [ -f "$VERL_DIR/.seqhooks-verl" ] && [ "$(cat "$VERL_DIR/.seqhooks-verl")" = "requirements=$VERL_INPUTS" ]; then
-    log "verl already in $VERL_DIR (requirements/verl.txt unchanged)"
-  else
-    log "installing verl 0.9.1 into $VERL_DIR (the verl tests; not in the venv)"
-    rm -rf "$VERL_DIR.partial"
-    "${PIP[@]}" install --no-deps --target "$VERL_DIR.partial" -r requirements/verl.txt
-    echo "requirements=$VERL_INPUTS" >"$VERL_DIR.partial/.seqhooks-verl"
-    rm -rf "$VERL_DIR"
-    mv "$VERL_DIR.partial" "$VERL_DIR"
-  fi
 fi
 
 log "checking the installation"

@@ -83,9 +83,10 @@ def _stamp_check(venv: Path, inputs: str | None = None) -> subprocess.CompletedP
     """setup.sh's venv_current (the skip decision) alone, on ``venv``;
     ``inputs`` replaces the hash of setup.sh's inputs (nothing is installed)."""
     text = SETUP.read_text()
-    start = text.index("NO_RAY=${SEQHOOKS_NO_RAY")
-    end = text.index("if venv_current; then")
-    script = (f"set -euo pipefail\ncd {ROOT}\nROOT={ROOT}\nVENV={venv}\n" + text[start:end]
+    part = text[text.index("STAMP=$VENV/.seqhooks-setup"):text.index("if venv_current; then")]
+    assert "install" not in part.replace("installed", ""), "the skip decision must install nothing"
+    script = (f"set -euo pipefail\ncd {ROOT}\nROOT={ROOT}\nVENV={venv}\n"
+              'NO_RAY=${SEQHOOKS_NO_RAY:-}; [ "$NO_RAY" = "1" ] || NO_RAY=0\n' + part
               + (f"INPUTS={inputs}\n" if inputs is not None else "")
               + "venv_current && echo current || echo stale\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
