@@ -14,7 +14,12 @@ PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || { echo "test.sh: $PY not found; run ./scripts/setup.sh first" >&2; exit 1; }
 status=0
 PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
-"$PY" -m pytest tests --durations=30 "$@" || status=$?
+# Each test file's seconds and engine / vllm serve start-ups, printed at the
+# end of each pytest run and kept in .test-times/ (tests/support/startup_log.py).
+mkdir -p .test-times
+export SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm032.log
+: > "$SEQHOOKS_TEST_STARTUP_LOG"
+SEQHOOKS_TEST_TABLE=.test-times/vllm032.md "$PY" -m pytest tests --durations=30 "$@" || status=$?
 # vLLM 0.33 (scripts/test_vllm033.sh, in .venv033: scripts/setup_vllm033.sh);
 # SEQHOOKS_NO_VLLM033=1 leaves it out (said, not silent).
 if [ "${SEQHOOKS_NO_VLLM033:-}" = "1" ]; then

@@ -20,8 +20,13 @@ status=0
 PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
 # (not the tests that reach no vLLM: they ran on 0.32 and cannot differ here,
 # the same torch and transformers: tests/support/version_scope.py)
-"$PY" -m pytest tests -m "not slow and not vllm_independent" --durations=15 "$@" || status=$?
-"$PY" -m pytest tests/test_forkjoin_e2e.py tests/test_llm_entrypoint.py tests/test_serve.py \
+mkdir -p .test-times
+export SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm033.log
+: > "$SEQHOOKS_TEST_STARTUP_LOG"
+SEQHOOKS_TEST_TABLE=.test-times/vllm033-not-slow.md \
+  "$PY" -m pytest tests -m "not slow and not vllm_independent" --durations=15 "$@" || status=$?
+: > "$SEQHOOKS_TEST_STARTUP_LOG"
+SEQHOOKS_TEST_TABLE=.test-times/vllm033-end-to-end.md "$PY" -m pytest tests/test_forkjoin_e2e.py tests/test_llm_entrypoint.py tests/test_serve.py \
   tests/test_between_training_steps.py tests/test_verl_between_steps.py tests/test_request_features.py \
   tests/test_request_features_reasoning.py \
   "tests/test_verl.py::test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm" \

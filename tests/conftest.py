@@ -109,3 +109,35 @@ def pytest_collection_modifyitems(config, items):
             independent[path] = is_vllm_independent(path)
         if independent[path]:
             item.add_marker(marker)
+
+
+# ------------------------------------------------ the per-file time table
+_file_seconds: dict[str, float] = {}
+_file_tests: "dict[str, int]" = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        _file_tests[path] = _file_tests.get(path, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    """With ``SEQHOOKS_TEST_STARTUP_LOG`` set (``scripts/test.sh`` sets it):
+    each test file's seconds, tests and engine / ``vllm serve`` start-ups
+    (:mod:`tests.support.startup_log`), also written to
+    ``SEQHOOKS_TEST_TABLE`` when set."""
+    from collections import Counter
+
+    from tests.support import startup_log
+
+    log = os.environ.get(startup_log.ENV_VAR)
+    if not log or not _file_seconds:
+        return
+    text = startup_log.table(_file_seconds, startup_log.counts(log), Counter(_file_tests))
+    terminalreporter.write_sep("=", "seconds and start-ups per test file")
+    terminalreporter.write(text)
+    out = os.environ.get("SEQHOOKS_TEST_TABLE")
+    if out:
+        Path(out).write_text(text)
