@@ -22,7 +22,6 @@ hook tokens are forced by a scripted logits processor.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -109,16 +108,19 @@ def trained_model(model: Path | None) -> tuple[Path, TrainedFormat]:
             f"one: `.venv/bin/python scripts/train_tiny_forkjoin.py` writes {trained} "
             f"(with --task threadweaver: {trained_model_dir(threadweaver.MODEL_DIR.name)}); "
             f"then run `python -m vllm_seqhooks --model {trained}`")
-    settings_file = model / "seqhooks.json"
+    from vllm_seqhooks.config.presets import FORMAT_KEY, MODEL_FILE, model_settings
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargsError
+
+    settings_file = model / MODEL_FILE
     if not settings_file.is_file():
         raise SystemExit(
             f"{settings_file} not found: the demo reads the model's hook format "
             f'from it ("format": one of {_supported()})')
     try:
-        settings = json.loads(settings_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"{settings_file}: not readable JSON ({exc})") from None
-    name = settings.get("format") if isinstance(settings, dict) else None
+        name = model_settings(model).get(FORMAT_KEY)
+    except SpecialKwargsError as exc:  # (not JSON, not an object)
+        raise SystemExit(f"{exc}; the demo grades the formats of its trained tasks: "
+                         f"{_supported()}") from None
     formats = trained_formats()
     if name not in formats:
         raise SystemExit(
