@@ -200,3 +200,31 @@ def test_hooks_refuse_models_with_recurrent_state():
     with pytest.raises(ValueError, match="only per-token state is attention KV.*MambaSpec"):
         SeqHooksScheduler(vllm_config=config, kv_cache_config=hybrid,
                           structured_output_manager=None, block_size=16)
+
+
+def test_a_multimodal_prompt_with_hooks_is_refused():
+    """Children are built from their parent's token ids: a multimodal
+    prompt's images would not reach them, so such a request is refused
+    (unless hooks are off for it); text prompts pass."""
+    from types import SimpleNamespace
+
+    from vllm_seqhooks.engine.validation import MULTIMODAL_REFUSAL, check_engine_request
+
+    params = _params()
+    with pytest.raises(ValueError) as err:
+        check_engine_request(SimpleNamespace(mm_features=[object()]), params)
+    assert str(err.value) == MULTIMODAL_REFUSAL and "seqhooks_enabled=false" in MULTIMODAL_REFUSAL
+    check_engine_request(SimpleNamespace(mm_features=None), params)
+    check_engine_request(SimpleNamespace(mm_features=[]), params)
+    check_engine_request(SimpleNamespace(mm_features=[object()]),
+                         _params(extra_args={"seqhooks_enabled": False}))
+
+
+def test_the_frontend_checks_what_it_made_of_each_prompt():
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from vllm_seqhooks.engine import vllm_private
+
+    assert vllm_private.input_processor_problems() == []
+    vllm_private.install_request_validator()
+    assert getattr(InputProcessor.process_inputs, "_seqhooks_request_validator", False)

@@ -21,7 +21,9 @@ patch                  what, why, when installed, when it can go
 ``request_validation`` ``InputProcessor._build_logits_processors_params_validator``:
                        the frontend checks each request's hook settings where
                        vLLM checks sampling parameters (HTTP 400, not an engine
-                       error; :mod:`.validation`). Installed by the entry point
+                       error; :mod:`.validation`); and
+                       ``InputProcessor.process_inputs``: a multimodal prompt
+                       with hooks on is refused there. Installed by the entry point
                        when the frontend's module is imported, and by
                        ``vllm_seqhooks.LLM``. Can go when vLLM gives the
                        scheduler (or a plugin) a per-request admission check.

@@ -34,6 +34,22 @@ BEAM_SEARCH_REFUSAL = (
     "model without hooks for beam search")
 
 
+MULTIMODAL_REFUSAL = (
+    "multimodal prompts cannot be combined with sequence hooks: a child is built from its "
+    "parent's token ids and would not carry the images or audio they stand for (send "
+    "seqhooks_enabled=false in vllm_xargs / extra_args to turn hooks off for this request)")
+
+
+def check_engine_request(request: Any, params: Any) -> None:
+    """Raise ``ValueError`` for a processed request hooks cannot honour: a
+    multimodal prompt with hooks on for it."""
+    if not getattr(request, "mm_features", None):
+        return
+    extra = getattr(params, "extra_args", None)
+    if parse_request_overrides(extra).get("enabled", True) is not False:
+        raise ValueError(MULTIMODAL_REFUSAL)
+
+
 def check_request(sampling_params: Any) -> None:
     """Raise ``ValueError`` (naming the field) for settings hooks cannot honour."""
     unknown = unknown_request_keys(sampling_params.extra_args, ENGINE_REQUEST_KEYS)

@@ -18,6 +18,10 @@ INPUT_PROCESSOR_METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("_build_logits_processors_params_validator", ("self",)),
     ("_validate_params", ("self", "params", "supported_tasks")),
 )
+#: The processed request :func:`install_request_validator` checks (its
+#: multimodal features): ``InputProcessor.process_inputs(self, request_id,
+#: prompt, params, ...)`` returns an ``EngineCoreRequest``.
+PROCESS_INPUTS_PARAMS = ("self", "request_id", "prompt", "params")
 
 
 def input_processor_problems() -> list[str]:
@@ -28,6 +32,13 @@ def input_processor_problems() -> list[str]:
     init_src = inspect.getsource(InputProcessor.__init__)
     if "self._build_logits_processors_params_validator()" not in init_src:
         found.append("InputProcessor.__init__ no longer builds its params validator")
+    got = tuple(inspect.signature(InputProcessor.process_inputs).parameters)[:4]
+    if got != PROCESS_INPUTS_PARAMS:
+        found.append(f"InputProcessor.process_inputs{got} != expected {PROCESS_INPUTS_PARAMS}...")
+    from vllm.v1.engine import EngineCoreRequest
+
+    if "mm_features" not in EngineCoreRequest.__struct_fields__:
+        found.append("EngineCoreRequest lost field 'mm_features'")
     src = inspect.getsource(InputProcessor._validate_params)
     if "self.validate_logits_processors_params(params)" not in src:
         found.append("InputProcessor._validate_params no longer runs the params validator")
@@ -39,8 +50,9 @@ _REQUEST_VALIDATOR_MARK = "_seqhooks_request_validator"
 
 def install_request_validator() -> None:
     """Make the frontend of every engine with hooks run
-    :func:`vllm_seqhooks.engine.validation.check_request` on each request it admits
-    (once per process; engines without hooks are untouched).
+    :func:`vllm_seqhooks.engine.validation.check_request` on each request it admits,
+    and :func:`~vllm_seqhooks.engine.validation.check_engine_request` on what it
+    made of the prompt (once per process; engines without hooks are untouched).
 
     vLLM's ``InputProcessor`` builds one params validator at start-up and
     calls it for every request in ``_validate_params``; the wrapper chains
@@ -52,7 +64,8 @@ def install_request_validator() -> None:
     from vllm.v1.engine.input_processor import InputProcessor
 
     from vllm_seqhooks.engine.metrics_export import enable_engine_metrics
-    from vllm_seqhooks.engine.validation import chain_validators, hooks_enabled
+    from vllm_seqhooks.engine.validation import (
+        chain_validators, check_engine_request, hooks_enabled)
 
     original = InputProcessor._build_logits_processors_params_validator
     if getattr(original, _REQUEST_VALIDATOR_MARK, False):
@@ -73,6 +86,19 @@ def install_request_validator() -> None:
 
     wrap_method(InputProcessor, "_build_logits_processors_params_validator",
                 _build_logits_processors_params_validator, _REQUEST_VALIDATOR_MARK)
+
+    process_inputs = InputProcessor.process_inputs
+
+    def process_inputs_checked(self, request_id, prompt, params, *args, **kwargs):
+        request = process_inputs(self, request_id, prompt, params, *args, **kwargs)
+        if hooks_enabled(getattr(self.vllm_config, "additional_config", None)):
+            try:
+                check_engine_request(request, params)
+            except ValueError as exc:
+                raise VLLMValidationError(str(exc), parameter="prompt") from exc
+        return request
+
+    wrap_method(InputProcessor, "process_inputs", process_inputs_checked, _REQUEST_VALIDATOR_MARK)
 
 
 #: Where vLLM's frontend turns an engine output into a ``RequestOutput``;
