@@ -13,6 +13,15 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || { echo "test.sh: $PY not found; run ./scripts/setup.sh first" >&2; exit 1; }
 status=0
+# SEQHOOKS_TEST_BACKGROUND_LOAD=MINUTES: another vLLM engine generates beside
+# the run for its first MINUTES minutes (tests/support/background_load.py;
+# docs/testing.md, "Under load"). Off by default.
+if [ -n "${SEQHOOKS_TEST_BACKGROUND_LOAD:-}" ]; then
+  echo "test.sh: SEQHOOKS_TEST_BACKGROUND_LOAD=$SEQHOOKS_TEST_BACKGROUND_LOAD: a background vLLM engine generates for the run's first $SEQHOOKS_TEST_BACKGROUND_LOAD minutes" >&2
+  "$PY" -m tests.support.background_load --minutes "$SEQHOOKS_TEST_BACKGROUND_LOAD" &
+  LOAD_PID=$!
+  trap 'kill "$LOAD_PID" 2>/dev/null' EXIT
+fi
 PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
 # Each test file's seconds and engine / vllm serve start-ups, printed at the
 # end of each pytest run and kept in .test-times/ (tests/support/startup_log.py).
