@@ -223,7 +223,8 @@ def test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm(
 @pytest.mark.slow
 def test_the_grpo_example_runs_through_verls_agent_loop_worker():
     """``examples/verl_grpo_rollouts.py``: verl's DataProto with the agent
-    loop's fields, a reward and an advantage per sample, a clean exit."""
+    loop's fields, a reward and an advantage per sample, a clean exit (no
+    process killed at shutdown, also on a busy machine)."""
     from pathlib import Path
 
     from tests.test_readme_snippets import CRASH_LIKE
@@ -236,6 +237,9 @@ def test_the_grpo_example_runs_through_verls_agent_loop_worker():
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert not [c for c in CRASH_LIKE if c in output], output[-3000:]
+    # (stopped within local.stop_server's wait, busy machine or not: vLLM's
+    # 5 s grace ran out under load, issue 51 item 6)
+    assert "still running after grace period" not in output, output[-3000:]
     assert "verl DataProto: 6 rows" in proc.stdout
     for field in ("'responses'", "'response_mask'", "'rollout_log_probs'", "'position_ids'"):
         assert f"batch[{field}]" in proc.stdout

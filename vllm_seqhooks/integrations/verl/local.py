@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator, Mapping, Optional
@@ -43,6 +44,16 @@ from vllm_seqhooks.integrations.verl import AGENT_LOOPS, AGENT_NAME, engine_kwar
 
 #: verl's generated full trainer config (every default, resolved by Hydra).
 TRAINER_CONFIG = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+
+#: How long :func:`stop_server` waits for the engine's processes to exit,
+#: and (:data:`WORKER_EXIT_S`) the engine process for its worker's, before
+#: vLLM kills them. vLLM's defaults, 5 s each, are too short on a busy
+#: machine: with another engine running on the same 2 cores the worker took
+#: 5 s to exit and the EngineCore was still in its teardown when the 5 s ran
+#: out ("force killing remaining process EngineCore", issue 51 item 6).
+#: A quiet shutdown takes about a second; these only bound a slow one.
+SHUTDOWN_TIMEOUT_S = 60.0
+WORKER_EXIT_S = 30
 
 
 def trainer_config(model: str, special_kwargs: Any = None, *, prompt_length: int = 64,
@@ -96,9 +107,12 @@ def _ray_answers_locally() -> Iterator[None]:
 async def start_server(config: DictConfig):
     """verl's ``vLLMHttpServer`` for ``config``'s rollout, launched (its
     engine running, its HTTP server on 127.0.0.1). Stop it with
-    :func:`stop_server`."""
+    :func:`stop_server`. Sets ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` to
+    :data:`WORKER_EXIT_S` unless it is set (the engine process reads it)."""
     from verl.workers.rollout.replica import RolloutMode
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
+
+    os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(WORKER_EXIT_S))
 
     with _ray_answers_locally():
         server = vLLMHttpServer(config.actor_rollout_ref.rollout, config.actor_rollout_ref.model,
@@ -110,7 +124,8 @@ async def start_server(config: DictConfig):
 
 async def stop_server(server: Any) -> None:
     """Stop a server :func:`start_server` started: its HTTP server (asked
-    to exit, as at a signal), then its engine (processes included)."""
+    to exit, as at a signal), then its engine (processes included, waiting
+    up to :data:`SHUTDOWN_TIMEOUT_S` for them to exit)."""
     task = getattr(server, "_server_task", None)
     if task is not None:
         uvicorn_server = _uvicorn_server_of(task)
@@ -121,7 +136,7 @@ async def stop_server(server: Any) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     engine = server.engine
-    engine.shutdown()
+    engine.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
     # AsyncLLM.__del__ shuts down again; verl's app state keeps the engine
     # until the interpreter's exit, where that second call fails on a
     # module already torn down (a TypeError printed at exit). Done is done.
