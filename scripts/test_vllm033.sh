@@ -7,7 +7,8 @@
 # marked slow and reach vLLM (surgical scheduler, speculative, splice, ...;
 # the pure ones ran on 0.32 and cannot differ)
 # and the end-to-end tests through LLM and `vllm serve` (pause, resume,
-# sleep and aborts with families in flight included; the verl agent loop
+# sleep and aborts with families in flight included; vLLM's request features
+# with families, docs/request_features.md's rows; the verl agent loop
 # against ThreadWeaver's client loop and verl's server between steps). Both always run;
 # the exit status is non-zero if either fails (pytest's 5 included). Extra
 # arguments go to pytest.
@@ -30,5 +31,7 @@ SEQHOOKS_TEST_TABLE=.test-times/vllm033-end-to-end.md "$PY" -m pytest tests/test
   tests/test_between_training_steps.py tests/test_verl_between_steps.py tests/test_request_features.py \
   tests/test_request_features_reasoning.py \
   "tests/test_verl.py::test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm" \
+  "tests/test_hook_logprobs.py::test_logprobs_with_hooks_are_the_models[v1-sync-promise]" \
+  "tests/test_forkjoin_task.py::test_trained_model_with_ngram_speculative_decoding" \
   "$@" || status=$?
 exit "$status"
