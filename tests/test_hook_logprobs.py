@@ -106,7 +106,7 @@ def test_logprobs_with_hooks_are_the_models(mode, name, stock, tiny_model_dir):
         want = [s for c, sc in zip(calls, scores) if c["node_id"] == node for s in sc]
         lps = lps[:len(want)]  # (the parent's after a splice join: below)
         assert len(lps) >= 2
-        assert max(abs(a - b) for a, b in zip(lps, want)) < 2e-4, node
+        assert max(abs(a - b) for a, b in zip(lps, want)) < 2e-4, _worst(node, lps, want, got)
     # per_call_rows carry each node's own logprobs, children's included
     # (also where a "text" merge re-tokenized them in the parent's row),
     # equal to stock vLLM's score and to a transformers forward pass of the
@@ -117,13 +117,29 @@ def test_logprobs_with_hooks_are_the_models(mode, name, stock, tiny_model_dir):
     for c, sc in zip(calls, scores):
         got_lps = c["rollout_logprobs"]
         assert len(got_lps) == len(sc) and None not in got_lps
-        assert max(abs(a - b) for a, b in zip(got_lps, sc)) < 2e-4, c["node_id"]
+        assert max(abs(a - b) for a, b in zip(got_lps, sc)) < 2e-4, _worst(c, got_lps, sc, got)
         ctx = c["context_ids"]
         want = splice_oracle.logprobs_after_join(hf, ctx, (len(ctx),), c["response_ids"])
-        assert max(abs(a - b) for a, b in zip(got_lps, want)) < 2e-4, c["node_id"]
+        assert max(abs(a - b) for a, b in zip(got_lps, want)) < 2e-4, _worst(c, got_lps, want,
+                                                                             got, "transformers")
     assert {c["node_id"] for c in calls} == {"", "0", "1"}
     if got["modes"] == ["splice"]:
         _after_splice_join_as_trained(got, tiny_model_dir)
+
+
+def _worst(node, got_lps, want, got, scorer="stock vLLM") -> str:
+    """A failed comparison's message: the node (or call), the token where
+    the engine's logprob is farthest from ``scorer``'s, both values, and
+    the thread count and CPUs of the engine's process and of this one (the
+    scorer's), the first things to compare when a run differs."""
+    from tests.support.logprob_families import process_state
+
+    i = max(range(len(want)), key=lambda k: abs(got_lps[k] - want[k]))
+    if isinstance(node, dict):
+        node = (f"node {node['node_id']!r} context {len(node['context_ids'])} tokens, "
+                f"response {node['response_ids']}")
+    return (f"{node}: token {i}: engine {got_lps[i]!r} vs {scorer} {want[i]!r}; "
+            f"engine process {got['process']}, scorer's process {process_state()}")
 
 
 def _after_splice_join_as_trained(got, model_dir):

@@ -34,4 +34,17 @@ def run_family(model: str, spec: dict[str, Any], script: str,
         "joins": [{"at": j["at"], "splice_paths": j.get("splice_paths")}
                   for j in raw_trace(out)["joins"]],
         "leftover": {k: v for k, v in sizes.items() if v},
+        "process": process_state(),
     }
+
+
+def process_state() -> dict[str, Any]:
+    """What a float reduction's order can depend on in this process (shown
+    when a comparison fails): torch's thread count, the CPUs it may run
+    on, the OpenMP settings."""
+    import os
+
+    import torch
+
+    return {"torch_threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0)),
+            "omp": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "KMP_", "GOMP_"))}}
