@@ -611,9 +611,10 @@ def main(argv: list[str] | None = None) -> int:
                          "(also $SEQHOOKS_VLLM_SDIST)")
     ap.add_argument("-k", default=None, help="pytest -k expression for both runs")
     ap.add_argument("--jobs", type=int, choices=(1, 2),
-                    default=2 if (os.cpu_count() or 1) >= 4 else 1,
+                    default=2 if (os.cpu_count() or 1) >= 2 else 1,
                     help="2: run the stock and hooks runs at the same time "
-                         "(default: 2 with 4 or more CPUs, else 1)")
+                         "(default: 2 with 2 or more CPUs, else 1; each run "
+                         "is one single-threaded pytest process)")
     ap.add_argument("--test-timeout", type=int, default=120,
                     help="per-test time limit in seconds (0: none)")
     ap.add_argument("--run-timeout", type=int, default=900,
