@@ -3,15 +3,16 @@
 # 0.32 suite), in the 0.33 test venv that scripts/setup_vllm033.sh builds
 # (.venv033, or $VENV033; a test-only arrangement, see docs/install.md):
 # vLLM 0.33.0's own scheduler tests against the hook scheduler
-# (scripts/upstream_conformance.sh), then the project's tests that are not
-# marked slow and reach vLLM (surgical scheduler, speculative, splice, ...;
-# the pure ones ran on 0.32 and cannot differ)
-# and the end-to-end tests through LLM and `vllm serve` (pause, resume,
-# sleep and aborts with families in flight included; vLLM's request features
-# with families, docs/request_features.md's rows; the verl agent loop
-# against ThreadWeaver's client loop and verl's server between steps). Both always run;
-# the exit status is non-zero if either fails (pytest's 5 included). Extra
-# arguments go to pytest.
+# (scripts/upstream_conformance.sh), then, in one pytest run, the project's
+# tests that are not marked slow and reach vLLM (surgical scheduler,
+# speculative, splice, ...; the pure ones ran on 0.32 and cannot differ) and
+# the end-to-end tests through LLM and `vllm serve` listed in
+# tests/support/version_scope.py (pause, resume, sleep and aborts with
+# families in flight included; vLLM's request features with families,
+# docs/request_features.md's rows; the verl agent loop against ThreadWeaver's
+# client loop and verl's server between steps). Both always run; the exit
+# status is non-zero if either fails (pytest's 5 included). Extra arguments
+# go to pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV033=${VENV033:-.venv033}
@@ -24,14 +25,9 @@ PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
 mkdir -p .test-times
 export SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm033.log
 : > "$SEQHOOKS_TEST_STARTUP_LOG"
-SEQHOOKS_TEST_TABLE=.test-times/vllm033-not-slow.md \
-  "$PY" -m pytest tests -m "not slow and not vllm_independent" --durations=15 "$@" || status=$?
-: > "$SEQHOOKS_TEST_STARTUP_LOG"
-SEQHOOKS_TEST_TABLE=.test-times/vllm033-end-to-end.md "$PY" -m pytest tests/test_forkjoin_e2e.py tests/test_llm_entrypoint.py tests/test_serve.py \
-  tests/test_between_training_steps.py tests/test_verl_between_steps.py tests/test_request_features.py \
-  tests/test_request_features_reasoning.py \
-  "tests/test_verl.py::test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm" \
-  "tests/test_hook_logprobs.py::test_logprobs_with_hooks_are_the_models[v1-sync-promise]" \
-  "tests/test_forkjoin_task.py::test_trained_model_with_ngram_speculative_decoding" \
-  "$@" || status=$?
+# One pytest run: the tests that reach vLLM and are not slow, and the
+# end-to-end ones listed in tests/support/version_scope.py.
+SEQHOOKS_TEST_TABLE=.test-times/vllm033.md \
+  "$PY" -m pytest tests -m "(not slow and not vllm_independent) or every_release" \
+  --durations=15 "$@" || status=$?
 exit "$status"

@@ -97,18 +97,20 @@ def _metrics_env_restored():
 
 def pytest_collection_modifyitems(config, items):
     """Mark the tests of modules that run the same on every vLLM release
-    (``vllm_independent``: :mod:`tests.support.version_scope`); the vLLM 0.33
-    part of the suite leaves them out."""
-    from tests.support.version_scope import is_vllm_independent
+    (``vllm_independent``), which the vLLM 0.33 part of the suite leaves out,
+    and the end-to-end tests it runs (``every_release``):
+    :mod:`tests.support.version_scope`."""
+    from tests.support.version_scope import is_vllm_independent, runs_on_every_release
 
-    marker = pytest.mark.vllm_independent
     independent: dict[str, bool] = {}
     for item in items:
         path = str(item.path)
         if path not in independent:
             independent[path] = is_vllm_independent(path)
         if independent[path]:
-            item.add_marker(marker)
+            item.add_marker(pytest.mark.vllm_independent)
+        if runs_on_every_release(item.nodeid):
+            item.add_marker(pytest.mark.every_release)
 
 
 # ------------------------------------------------ the per-file time table

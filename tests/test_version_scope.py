@@ -37,3 +37,15 @@ def test_the_suite_s_engine_tests_are_never_left_out():
     for name in ("test_scheduler_surgical", "test_forkjoin_e2e", "test_serve",
                  "test_request_features", "test_vllm_private", "test_readme_snippets"):
         assert not is_vllm_independent(ROOT / "tests" / f"{name}.py"), name
+
+
+def test_every_end_to_end_test_the_033_part_lists_exists():
+    """A renamed or removed test must not drop out of the vLLM 0.33 part
+    silently: each entry names a test file, and a test function in it."""
+    from tests.support.version_scope import END_TO_END_ON_EVERY_RELEASE
+
+    for entry in END_TO_END_ON_EVERY_RELEASE:
+        path, _, test = entry.partition("::")
+        assert (ROOT / path).is_file(), entry
+        if test:
+            assert f"def {test.split('[', 1)[0]}(" in (ROOT / path).read_text(), entry

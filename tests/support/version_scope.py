@@ -111,3 +111,30 @@ def is_vllm_independent(test_file: str | Path) -> bool:
     path = Path(test_file).resolve()
     name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
     return not reaches_vllm(name)
+
+
+#: The slow (end-to-end) tests the vLLM 0.33 part runs too, besides the
+#: tests that reach vLLM and are not slow: whole files, or single test ids
+#: where one case of a file covers what can differ (``scripts/test_vllm033.sh``
+#: selects them with ``-m every_release``).
+END_TO_END_ON_EVERY_RELEASE = (
+    "tests/test_forkjoin_e2e.py",
+    "tests/test_llm_entrypoint.py",
+    "tests/test_serve.py",
+    "tests/test_between_training_steps.py",
+    "tests/test_verl_between_steps.py",
+    "tests/test_request_features.py",
+    "tests/test_request_features_reasoning.py",
+    "tests/test_verl.py::test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm",
+    "tests/test_hook_logprobs.py::test_logprobs_with_hooks_are_the_models[v1-sync-promise]",
+    "tests/test_forkjoin_task.py::test_trained_model_with_ngram_speculative_decoding",
+)
+
+
+def runs_on_every_release(nodeid: str) -> bool:
+    """Whether the test ``nodeid`` (pytest's, relative to the repository)
+    is one of :data:`END_TO_END_ON_EVERY_RELEASE`: its file, its test
+    function (every parametrized case) or itself."""
+    path = nodeid.split("::", 1)[0]
+    function = nodeid.split("[", 1)[0]  # (every parametrized case of a listed test)
+    return any(name in END_TO_END_ON_EVERY_RELEASE for name in (path, function, nodeid))
