@@ -59,6 +59,21 @@ async def _nothing_held(url: str, timeout: float = 30) -> dict[str, float]:
         await asyncio.sleep(0.2)
 
 
+def _ended(tasks, tok) -> list[str]:
+    """What each family that ended before the abort returned or raised (a
+    failure's first question: did it finish, or fail?)."""
+    ended = []
+    for t in tasks:
+        if not t.done():
+            continue
+        if t.exception() is not None:
+            ended.append(f"raised {t.exception()!r}")
+        else:
+            out = t.result()
+            ended.append(f"{out.stop_reason}: {tok.decode(out.token_ids)!r}")
+    return ended
+
+
 async def _abort_all(server) -> None:
     """verl's ``abort_all_requests``. verl 0.9.1 (built against vLLM 0.24)
     calls ``AsyncLLM.pause_generation(wait_for_inflight_requests=False,
@@ -95,7 +110,7 @@ async def _between_steps(local, cfg, tok, ids):
             if held["vllm:seqhooks_parked_requests"] >= 1 and held["vllm:seqhooks_open_children"] >= 2:
                 break
             assert time.time() < deadline, f"no family in flight: {held}"
-            assert not any(t.done() for t in tasks), held
+            assert not any(t.done() for t in tasks), (held, _ended(tasks, tok))
             await asyncio.sleep(0.1)
         await _abort_all(server)
         outs = await asyncio.gather(*tasks)
