@@ -269,34 +269,43 @@ def test_usage_counts_merged_tokens_as_completion_tokens(client, tiny_model_dir,
     assert usage["children_sampled_tokens"] == len(S("AAA")) + 1 + len(S("BBBB")) + 1
 
 
-def run_cli(*args, timeout=120):
-    return subprocess.run([VLLM, *args], capture_output=True, text=True, timeout=timeout)
+BAD_FLAGS = [
+    (["--sync-token-id", "6", "--promise-token-id", "6"],
+     "--promise-token-id and --sync-token-id must differ"),
+    (["--sync-token-id", "-1", "--promise-token-id", "4"],
+     "argument --sync-token-id: expected an integer >= 0"),
+    (["--sync-token", "<snyc>", "--promise-token-id", "4"],
+     "--sync-token '<snyc>' is not a single token"),
+    (["--sync-token-id", "6", "--promise-token-id", "4000"],
+     "--promise-token-id 4000 is outside the model's vocabulary"),
+    (["--sync-token-id", "6", "--promise-token-id", "4", "--merge-strategy", "zip"],
+     "argument --merge-strategy: invalid choice"),
+]
+HELP = ["serve", "--help=Sequence hooks (vllm-seqhooks)"]
 
 
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--sync-token-id", "6", "--promise-token-id", "6"],
-         "--promise-token-id and --sync-token-id must differ"),
-        (["--sync-token-id", "-1", "--promise-token-id", "4"],
-         "argument --sync-token-id: expected an integer >= 0"),
-        (["--sync-token", "<snyc>", "--promise-token-id", "4"],
-         "--sync-token '<snyc>' is not a single token"),
-        (["--sync-token-id", "6", "--promise-token-id", "4000"],
-         "--promise-token-id 4000 is outside the model's vocabulary"),
-        (["--sync-token-id", "6", "--promise-token-id", "4", "--merge-strategy", "zip"],
-         "argument --merge-strategy: invalid choice"),
-    ],
-)
-def test_bad_flag_values_exit_with_a_clear_message(tiny_model_dir, flags, message):
-    r = run_cli("serve", tiny_model_dir, *COMMON, *flags)
+@pytest.fixture(scope="module")
+def cli_results(tiny_model_dir):
+    """What ``vllm serve`` with each of BAD_FLAGS, and ``vllm serve
+    --help=...``, did: the console script's ``main()`` in forks of one
+    process that imported vLLM once (:mod:`tests.support.cli_forks`; six
+    fresh ``vllm`` processes cost six vLLM imports, about 30 s here)."""
+    from tests.support.cli_forks import run_vllm_commands
+
+    commands = [["serve", tiny_model_dir, *COMMON, *flags] for flags, _ in BAD_FLAGS] + [HELP]
+    return {r.args: r for r in run_vllm_commands(VLLM, commands)}
+
+
+@pytest.mark.parametrize("flags, message", BAD_FLAGS)
+def test_bad_flag_values_exit_with_a_clear_message(cli_results, tiny_model_dir, flags, message):
+    r = cli_results[("serve", tiny_model_dir, *COMMON, *flags)]
     assert r.returncode == 2, r.stderr[-2000:]
     assert message in r.stderr
     assert "Traceback" not in r.stderr
 
 
-def test_help_lists_the_hook_flags():
-    r = run_cli("serve", "--help=Sequence hooks (vllm-seqhooks)")
+def test_help_lists_the_hook_flags(cli_results):
+    r = cli_results[tuple(HELP)]
     assert r.returncode == 0, r.stderr[-2000:]
     for flag in ("--sync-token-id", "--promise-token-id", "--promise-end-token-id",
                  "--sync-token", "--child-context", "--merge-strategy",
