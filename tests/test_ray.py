@@ -6,7 +6,17 @@ key). Answers and fork/join trees equal the single-process engine's; the
 worker extension is loaded in every Ray worker.
 
 Skipped when Ray is not installed (``pip install -e .[ray]``;
-``scripts/setup.sh`` installs it)."""
+``scripts/setup.sh`` installs it).
+
+Longer than a minute (about three on a quiet 2-core machine), because what
+it tests is process start-ups: the three slow tests each start fresh
+processes importing vLLM and Ray -- vLLM's own ``ray.init()`` with two TP
+worker actors; then two ``ray start`` clusters, each behind a ``vllm
+serve`` whose engine and workers are Ray actors. The clusters cannot be
+one: the TP test needs one Ray CPU per node (so its two workers land on
+different nodes), the DP test two per node (the rank's device and its
+engine actor). The single-process references are in-process engines (about
+a second each to start), shared by the two-node tests."""
 
 from __future__ import annotations
 
@@ -103,14 +113,25 @@ def _answers(llm, task, prompts) -> list[tuple[str, str]]:
 
 
 def _one_process(task, prompts) -> list[tuple[str, str]]:
-    """An embedded model's answers and trees on one process's engine."""
+    """An embedded model's answers and trees on one process's engine: this
+    one's (in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the reference
+    crosses no process boundary, and the engine starts in about a second
+    instead of the dozen a multiprocess one takes here). The variables the
+    CPU worker leaves in ``os.environ`` are taken back, so the Ray engines
+    and servers started later do not inherit them."""
     from vllm_seqhooks import LLM
 
-    llm = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS)
+    environ = dict(os.environ)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
-        return _answers(llm, task, prompts)
+        llm = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS)
+        try:
+            return _answers(llm, task, prompts)
+        finally:
+            llm.shutdown()
     finally:
-        llm.shutdown()
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 @pytest.fixture(scope="module")
