@@ -1,6 +1,15 @@
 """The multiprocess serving paths: several API server processes in front of
 one engine, and data parallelism (two engines); children stay on their
-parent's engine, and the trace and metrics reach every frontend."""
+parent's engine, and the trace and metrics reach every frontend.
+
+Longer than a minute (about 90 s on a quiet 2-core machine): each test is a
+deployment of its own (docs/deployment.md's table names this file for
+them), and what costs is starting its processes, each importing vLLM: one
+engine behind two API servers (five processes), two engines behind two API
+servers (``--data-parallel-size 2`` defaults the API servers to two; eight),
+and a frontend with rank 0 beside a headless rank 1 (two ``vllm serve``
+commands). No server can serve two of them; the requests themselves take
+about a second."""
 
 from __future__ import annotations
 

@@ -10,7 +10,15 @@ The fresh virtualenv gets vLLM from the project's venv (one ``.pth`` line
 naming its ``site-packages``, whose own ``.pth`` files -- the editable
 install of this checkout among them -- are therefore not run) and the
 ``vllm`` command pip would write for it; the package comes from the wheel
-only."""
+only.
+
+Longer than a minute (about 110 s on a quiet 2-core machine), because it runs
+what a user runs after installing the wheel, each a fresh process tree
+importing vLLM: the README's demo twice (the trained model, then
+``--scripted``: a multiprocess engine each, about 20 s) and the install check
+(three ``vllm serve`` processes one after another, about a minute). Building
+the wheel and installing it (``--no-deps --no-index``, vLLM beside it by a
+``.pth`` line) take a few seconds, once per module."""
 
 from __future__ import annotations
 
