@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (Bench, Profile, bench_model, default_out_dir, environment,
-                               model_params, setup_env)
+                               exit_leaving_engines, leave_engines_to_exit, model_params,
+                               setup_env)
 
 WORKLOADS = ("overhead", "forkjoin", "parallel", "memory")
 
@@ -43,6 +44,7 @@ def profiles() -> dict[str, Profile]:
     return {
         "smoke": Profile(
             name="smoke", size="tiny", dtype="float32", repeats=1, max_model_len=2048,
+            smoke=True,
             settings={
                 "engines": {"kv_tokens": 16384},
                 "overhead": {"batch": 2, "prompt_tokens": 16, "max_tokens": 8},
@@ -253,11 +255,15 @@ def main(argv: list[str] | None = None) -> int:
     bad = [w for w in workloads if w not in WORKLOADS]
     if bad:
         parser.error(f"unknown workload(s) {bad}; choose from {WORKLOADS}")
+    if profile.smoke:
+        leave_engines_to_exit()
     results = run(profile, workloads, output_dir(args), argv, threads=args.threads,
                   cache_dir=args.cache_dir, update=args.update, timeout_s=args.timeout)
     ok = all_correct(results)
     if not ok:
         print("ERROR: some configuration produced unexpected tokens", file=sys.stderr)
+    if profile.smoke:
+        exit_leaving_engines(0 if ok else 1)
     return 0 if ok else 1
 
 

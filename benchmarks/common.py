@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 
 def setup_env(threads: int | None = 1) -> None:
@@ -177,7 +177,43 @@ def make_engine(kind: str, profile: "Profile", *, kv_tokens: int, scripted: bool
     raise ValueError(kind)
 
 
+#: A smoke run's engines, once :func:`leave_engines_to_exit` is called:
+#: referenced until :func:`exit_leaving_engines` ends the process.
+_ENGINES_LEFT_TO_EXIT: list[Any] | None = None
+
+
+def leave_engines_to_exit() -> None:
+    """From now on :func:`close_engine` shuts nothing down; the process ends
+    with :func:`exit_leaving_engines`, which frees the engines with it. For
+    smoke runs (a check that every workload runs; tiny engines, timings
+    meaningless). Why: each shutdown of an in-process engine, by
+    :func:`close_engine` or by vLLM's finalizer when the engine is collected
+    or the interpreter exits, unfreezes the garbage collector's heap (an
+    engine's start freezes it) and collects all of it twice, and the next
+    engine's start collects it three times again; with torch and vLLM
+    imported each full collection took 0.5 s of CPU: ``python -m benchmarks
+    --smoke`` took 42 CPU seconds with them, 20 without (and without its
+    throwaway engine), ``benchmarks.splice --smoke`` 24 and 12 (2026-11-28,
+    AMD EPYC)."""
+    global _ENGINES_LEFT_TO_EXIT
+    if _ENGINES_LEFT_TO_EXIT is None:
+        _ENGINES_LEFT_TO_EXIT = []
+
+
+def exit_leaving_engines(code: int) -> NoReturn:
+    """End the process now with ``code``, its output flushed, without the
+    interpreter's exit handlers (vLLM's finalizers among them, which would
+    shut every engine still referenced down: see
+    :func:`leave_engines_to_exit`)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def close_engine(llm: Any) -> None:
+    if _ENGINES_LEFT_TO_EXIT is not None:
+        _ENGINES_LEFT_TO_EXIT.append(llm)  # (referenced: vLLM's finalizer would shut it down)
+        return
     try:
         llm.llm_engine.engine_core.shutdown()
     except Exception:  # noqa: BLE001 - best effort, the process ends soon
@@ -201,6 +237,10 @@ class Profile:
     max_num_batched_tokens: int = 4096
     max_num_seqs: int = 256
     model: Path = Path()
+    #: A check that every workload runs (its timings mean nothing): no
+    #: throwaway engine (:meth:`Bench.prime`), engines left to the process's
+    #: exit (:func:`leave_engines_to_exit`).
+    smoke: bool = False
 
 
 class Bench:
@@ -242,8 +282,8 @@ class Bench:
         same stock engine, interleaved runs), which would bias whichever
         configuration is created first; after a throwaway engine, identical
         engines agree within about 2 % (the A/A control in the overhead
-        workload shows the remaining spread)."""
-        if getattr(self, "_primed", False):
+        workload shows the remaining spread). Not in a smoke run."""
+        if getattr(self, "_primed", False) or self.profile.smoke:
             return
         self._primed = True
         t0 = time.perf_counter()

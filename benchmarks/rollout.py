@@ -33,8 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.common import (EngineProbe, close_engine, environment, fmt_spread, git_commit,
-                               interleaved, setup_env, spread)
+from benchmarks.common import (EngineProbe, close_engine, environment, exit_leaving_engines,
+                               fmt_spread, git_commit, interleaved, leave_engines_to_exit,
+                               setup_env, spread)
 from vllm_seqhooks.tasks import threadweaver as task
 
 SIZES = {
@@ -503,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     if size["repeats"] < 1:
         parser.error("--repeats must be at least 1")
     setup_env()
+    if args.smoke:
+        leave_engines_to_exit()
     t0 = time.perf_counter()
     results: dict[str, Any] = {"size": size, "argv": argv, "environment": environment(argv),
                                "lscpu": lscpu()}
@@ -522,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(c["completions_per_prompt"] == [n, n] and c["sampled_tokens"]["min"] > 0
              for part in ("in_process", "http") if results.get(part)
              for c in results[part]["configs"].values())
+    if args.smoke:
+        exit_leaving_engines(0 if ok else 1)
     return 0 if ok else 1
 
 

@@ -211,7 +211,8 @@ def markdown(rows: list[dict[str, Any]], size: dict[str, Any], env: dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.common import bench_model, environment, setup_env
+    from benchmarks.common import (bench_model, environment, exit_leaving_engines,
+                                   leave_engines_to_exit, setup_env)
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true")
@@ -221,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=None, help="where the model is built")
     args = ap.parse_args(argv)
     setup_env()
+    if args.smoke:
+        leave_engines_to_exit()
     size = SIZES["smoke" if args.smoke else "default"]
     model = str(bench_model("tiny", "float32", args.cache_dir))
     ample = family_tokens(size) * size["batch"] * 2
@@ -239,7 +242,10 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps({"size": size, "rows": rows, "environment": env}, indent=2) + "\n")
         (args.out / "splice.md").write_text(text)
         print(f"wrote {args.out / 'splice.md'} and splice.json")
-    return 0 if all(row["same_tokens"] for row in rows) else 1
+    code = 0 if all(row["same_tokens"] for row in rows) else 1
+    if args.smoke:
+        exit_leaving_engines(code)
+    return code
 
 
 if __name__ == "__main__":

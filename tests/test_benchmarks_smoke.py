@@ -2,7 +2,17 @@
 the smallest sizes on the tiny model, one repeat. No timing assertions: the
 structure of the results and the invariants that must hold on any machine
 (same tokens everywhere; engine counters positive; native never prefills more
-than the client loop; engine steps equal to the critical path)."""
+than the client loop; engine steps equal to the critical path).
+
+Over 60 s: it runs three commands as a user types them
+(``python -m benchmarks --smoke``, ``benchmarks.splice --smoke``,
+``benchmarks.rollout --smoke``), each a process of its own that imports
+torch and vLLM (about 9 CPU seconds each); the rollout one starts two
+``vllm serve`` (each an API process and an engine process, both importing
+vLLM). About 80 CPU seconds in all (2026-11-28), most of it those imports.
+Each command's own engines run in-process, each created once and reused by
+the workloads that need it; a smoke run leaves them to the process's exit
+(``benchmarks.common.leave_engines_to_exit``)."""
 
 from __future__ import annotations
 
@@ -24,13 +34,19 @@ SMOKE_FILES = ("results-smoke.json", "results-smoke.md", "forkjoin-smoke.png")
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+def bench_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The benchmarks' ``--cache-dir``: the tiny model is built once for the
+    module (``benchmarks.common.bench_model``), not once per command."""
+    return tmp_path_factory.mktemp("bench-models")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory, bench_models: Path) -> tuple[dict, Path]:
     """The smoke run as a user types it (no ``--out``), with the user cache
     in a temporary directory: its results go there, not to docs/."""
     xdg = tmp_path_factory.mktemp("xdg-cache")
-    cache = tmp_path_factory.mktemp("bench-models")
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--smoke", "--cache-dir", str(cache)],
+        [sys.executable, "-m", "benchmarks", "--smoke", "--cache-dir", str(bench_models)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={**os.environ, "XDG_CACHE_HOME": str(xdg)},
     )
@@ -125,7 +141,7 @@ def test_memory(smoke):
     assert m["tight"]["native"]["peak_blocks_in_use"] <= m["tight"]["native"]["kv_blocks"]
 
 
-def test_splice_benchmark(tmp_path):
+def test_splice_benchmark(tmp_path, bench_models):
     """``python -m benchmarks.splice --smoke``: every join gives the same
     tokens; with room for every family a splice join prefills only the
     suffix and computes fewer tokens than a re-prefill join or the client
@@ -135,7 +151,7 @@ def test_splice_benchmark(tmp_path):
     less (never much less)."""
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.splice", "--smoke", "--out", str(tmp_path),
-         "--cache-dir", str(tmp_path / "models")],
+         "--cache-dir", str(bench_models)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
