@@ -76,6 +76,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -557,6 +558,8 @@ for how, target, *argv in json.loads(sys.argv[1]):
         print("PARSED", json.dumps(parsed.args[0], default=str), flush=True)
     except SystemExit as exc:
         print("EXIT", exc.code, flush=True)
+    except Exception as exc:  # (the next script is parsed all the same)
+        print("ERROR", repr(exc), flush=True)
     else:
         print("RAN", flush=True)
 """
@@ -566,45 +569,80 @@ for how, target, *argv in json.loads(sys.argv[1]):
 class Options(Handler):
     """Not run here (``reason``); each command's options parsed by its
     script's own argparse parser (the script runs up to ``parse_args``,
-    which ends it): one process per block."""
+    which ends it): every block's commands in one process (the scripts
+    import torch and vLLM before they parse: once, not once per block)."""
 
     reason: str
     kind = "options"
 
     def jobs(self, block, commands):
         assert self.reason
+        _OPTION_COMMANDS.append(tuple(commands))
         return [Job(self.kind, " ; ".join(re.sub(r"\s+#.*$", "", c) for c in commands),
                     _dry_parse(commands), ahead=True)]
 
 
+#: Every Options block's commands, parsed in one process by the first
+#: Options job to run (:func:`_parse_all_options`).
+_OPTION_COMMANDS: list[tuple[str, ...]] = []
+_OPTIONS_PARSED: dict[tuple[str, ...], tuple[list[str], str]] = {}
+_OPTIONS_LOCK = threading.Lock()
+
+
 def _dry_parse(commands: list[str]):
     def run(job: Job, tmp_path: Path) -> None:
-        argvs = []
-        for command in commands:
-            words = bash_words(command)
-            assert Path(words[0]).name.startswith("python"), command
-            if words[1] == "-m":
-                module = words[2]
-                spec_path = ROOT / module.replace(".", "/")
-                source = (spec_path / "__main__.py" if spec_path.is_dir()
-                          else spec_path.with_suffix(".py"))
-                argvs.append(["-m", module, *words[3:]])
-            else:
-                source = ROOT / words[1]
-                argvs.append(["path", words[1], *words[2:]])
-            # (a script that reads sys.argv itself would run for real: refused)
-            assert "parse_args(" in source.read_text(), f"{source}: no argparse parser"
-        m = run_measured([sys.executable, "-c", _DRY_PARSE, json.dumps(argvs)], timeout=600,
-                         XDG_CACHE_HOME=str(tmp_path / "cache"))
-        lines = [line for line in m.stdout.splitlines()
-                 if line.startswith(("PARSED", "EXIT", "RAN"))]
-        assert len(lines) == len(commands), m.output[-3000:]
+        _dry_parse_argvs(commands)  # (this block's own checks, before the shared run)
+        with _OPTIONS_LOCK:
+            if not _OPTIONS_PARSED:
+                _parse_all_options(tmp_path)
+        lines, output = _OPTIONS_PARSED[tuple(commands)]
+        assert len(lines) == len(commands), output[-3000:]
         for command, line in zip(commands, lines):
-            assert line.startswith("PARSED "), (command, line, m.output[-3000:])
+            assert line.startswith("PARSED "), (command, line, output[-3000:])
             parsed = json.loads(line.split(" ", 1)[1])
             assert not parsed.get("(not parsed)"), (command, parsed)
-        report(job.key[:80], seconds=m.seconds)
     return run
+
+
+def _dry_parse_argvs(commands: tuple[str, ...] | list[str]) -> list[list[str]]:
+    argvs = []
+    for command in commands:
+        words = bash_words(command)
+        assert Path(words[0]).name.startswith("python"), command
+        if words[1] == "-m":
+            module = words[2]
+            spec_path = ROOT / module.replace(".", "/")
+            source = (spec_path / "__main__.py" if spec_path.is_dir()
+                      else spec_path.with_suffix(".py"))
+            argvs.append(["-m", module, *words[3:]])
+        else:
+            source = ROOT / words[1]
+            argvs.append(["path", words[1], *words[2:]])
+        # (a script that reads sys.argv itself would run for real: refused)
+        assert "parse_args(" in source.read_text(), f"{source}: no argparse parser"
+    return argvs
+
+
+def _parse_all_options(tmp_path: Path) -> None:
+    """Every registered block's commands through ``_DRY_PARSE`` in one
+    process; each block's result lines (and the output) kept for it. (A
+    block whose commands fail their own checks is left out: its job says
+    why.)"""
+    blocks, argvs = [], []
+    for commands in dict.fromkeys(_OPTION_COMMANDS):
+        try:
+            argvs += _dry_parse_argvs(commands)
+        except AssertionError:
+            continue
+        blocks.append(commands)
+    m = run_measured([sys.executable, "-c", _DRY_PARSE, json.dumps(argvs)], timeout=600,
+                     XDG_CACHE_HOME=str(tmp_path / "cache"))
+    lines = [line for line in m.stdout.splitlines()
+             if line.startswith(("PARSED", "EXIT", "RAN", "ERROR"))]
+    for commands in blocks:
+        _OPTIONS_PARSED[commands] = (lines[:len(commands)], m.output)
+        lines = lines[len(commands):]
+    report(f"options of {len(blocks)} blocks, one process", seconds=m.seconds)
 
 
 # -- Overrides: verl command-line overrides
