@@ -13,7 +13,14 @@ merged response and its expanded rows equal what that loop produces.
 
 The pure parts (rows from a trace, the engine arguments, importing without
 verl) run without verl; the rest is skipped when verl is not installed
-(``scripts/setup.sh`` installs it beside vLLM, ``docs/rl.md``)."""
+(``scripts/setup.sh`` installs it beside vLLM, ``docs/rl.md``).
+
+Time (issue 51: over 60 s, and why): six engines, none of which another
+test's can be: the oracle's stock server, the hook servers of the "ids" and
+the "text" boundaries (an engine setting), the GRPO example's in its own
+process and the rollout benchmark's two in its own, each a multiprocess
+engine (verl's server) of about 12 s to start and 5 s to stop. The two
+scripts run ahead (``scripts_ahead``), beside the in-process tests."""
 
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from vllm_seqhooks.integrations import verl as seqhooks_verl
 from vllm_seqhooks.integrations.verl.rows import agent_loop_fields
 from vllm_seqhooks.tasks import threadweaver as task
 
+from tests.support.run_ahead import RunAhead
 from tests.test_rollout import RESPONSE, TRACE
 
 PROBLEMS = ["3917425", "12", "987654321", "5", "80604020", "1111222233334444", "73", "90817"]
@@ -160,7 +168,24 @@ async def _agent_loop_batch(local, cfg, prompts):
 
 
 @pytest.fixture(scope="module")
-def threadweaver_oracle(verl_env):
+def scripts_ahead(request, verl_env):
+    """The selected tests that run a script (``SCRIPTS``: each its own
+    process and engines), started at once, beside the in-process tests
+    that follow: a script's process and the tests' engine processes are
+    each mostly one busy process at a time, so together they use both
+    cores. Each test takes its own result."""
+    names = {item.originalname for item in request.session.items
+             if item.module is request.module}
+    runs = RunAhead(workers=len(SCRIPTS))
+    for name, body in SCRIPTS.items():
+        if name in names:
+            runs.submit(name, body)
+    yield runs
+    runs.close()
+
+
+@pytest.fixture(scope="module")
+def threadweaver_oracle(verl_env, scripts_ahead):
     local = _verl_local()
     stock = local.trainer_config(str(task.model_dir()), None, temperature=0.0)
     return asyncio.run(_oracle_rows(local, stock, [task.prompt_text(d) for d in PROBLEMS]))
@@ -221,10 +246,15 @@ def test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm(
 
 
 @pytest.mark.slow
-def test_the_grpo_example_runs_through_verls_agent_loop_worker():
+def test_the_grpo_example_runs_through_verls_agent_loop_worker(scripts_ahead):
     """``examples/verl_grpo_rollouts.py``: verl's DataProto with the agent
     loop's fields, a reward and an advantage per sample, a clean exit (no
-    process killed at shutdown, also on a busy machine)."""
+    process killed at shutdown, also on a busy machine). (Run ahead:
+    ``scripts_ahead``.)"""
+    scripts_ahead.result("test_the_grpo_example_runs_through_verls_agent_loop_worker")
+
+
+def _grpo_example() -> None:
     from pathlib import Path
 
     from tests.test_readme_snippets import CRASH_LIKE
@@ -250,20 +280,29 @@ def test_the_grpo_example_runs_through_verls_agent_loop_worker():
 
 
 @pytest.mark.slow
-def test_the_verl_rollout_benchmark_smoke(tmp_path):
+def test_the_verl_rollout_benchmark_smoke(scripts_ahead):
     """``python -m benchmarks.verl_rollout --smoke``: the three
     configurations ran through verl's agent-loop worker and counted the
-    same things (the sampled tokens are each call's tokens on both sides)."""
+    same things (the sampled tokens are each call's tokens on both sides).
+    (Run ahead: ``scripts_ahead``.)"""
+    scripts_ahead.result("test_the_verl_rollout_benchmark_smoke")
+
+
+def _benchmark_smoke() -> None:
     import json
+    import tempfile
     from pathlib import Path
 
     _verl_local()
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.verl_rollout", "--smoke",
-                           "--out", str(tmp_path)], cwd=root, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    results = json.loads((tmp_path / "verl_rollout.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="verl-rollout-smoke-") as out:
+        tmp_path = Path(out)
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.verl_rollout", "--smoke",
+                               "--out", str(tmp_path)], cwd=root, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+        results = json.loads((tmp_path / "verl_rollout.json").read_text())
+        report = (tmp_path / "verl_rollout.md").read_text()
     rounds = results["rounds"]
     assert set(rounds) == {"loop", "loop_b", "native"}
     for config, rs in rounds.items():
@@ -272,4 +311,11 @@ def test_the_verl_rollout_benchmark_smoke(tmp_path):
     assert all(r["requests"] == r["samples"] < r["calls"] for r in rounds["native"])
     assert all(r["requests"] == r["calls"] for r in rounds["loop"])
     assert set(results["ratios"]) == {"A/A control: loop_b / loop", "native / loop"}
-    assert "native / loop" in (tmp_path / "verl_rollout.md").read_text()
+    assert "native / loop" in report
+
+
+#: The tests' bodies that run a script, run ahead by ``scripts_ahead``.
+SCRIPTS = {
+    "test_the_grpo_example_runs_through_verls_agent_loop_worker": _grpo_example,
+    "test_the_verl_rollout_benchmark_smoke": _benchmark_smoke,
+}
