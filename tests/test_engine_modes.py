@@ -8,13 +8,20 @@ that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the scheduler's
 state can be inspected): merged text, exact continuation against a fresh
 request, the forked child against a fresh request, nesting, an abort while
 the parent is parked, every family finishing identically under KV pressure
-(spills), and no block or hook state left behind."""
+(spills), and no block or hook state left behind.
+
+The four processes run at once, one per core, each on one OpenMP thread
+(``ModeProcesses``). The file takes more than 60 s (about 85 s on this
+2-core machine): each mode needs its own process (the runner is chosen
+before vLLM is imported) and three engines (the hooks, a KV cache too
+small for the families, a tag format), and the two V2 modes, run through
+Triton's interpreter, take about a minute each."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.engine_modes import MODES, EngineMode, run_in_mode
+from tests.support.engine_modes import MODES, EngineMode, ModeProcesses
 
 pytestmark = pytest.mark.slow
 
@@ -144,25 +151,31 @@ def seed_oracles(llm, S, prompt_ids: list[int]) -> dict:
     """Sampling at temperature 1 with free children: with a seed, twice
     (n = 2), the derived child seed against a fresh request with it, and
     a stock seeded request (the cross-mode reference); without a seed,
-    twice."""
+    twice. Each of the two runs sends a seeded and an unseeded family in
+    one batch (half the steps of four runs, on the V2 runner's
+    interpreted kernels; a seeded family's tokens must not depend on what
+    shares its batch either)."""
     import vllm
 
     from vllm_seqhooks.core.request_tree import derive_seed
 
     script = "".join(f"<promise>{j}</promise>" for j in range(SIBLINGS)) + "<sync>"
 
-    def family(**sampling):
-        out = llm.generate([{"prompt_token_ids": prompt_ids}], S.params(
+    def family_params(**sampling):
+        return S.params(
             script, None, child_end=None, end="free", max_tokens=len(S(script)) + FREE,
-            temperature=1.0, extra_args={"seqhooks_child_max_tokens": FREE}, **sampling),
-            use_tqdm=False)[0]
-        return {"tokens": [list(c.token_ids) for c in out.outputs],
-                "children": [[c["output_token_ids"] for c in t["children"]]
-                             for t in out.hook_traces],
-                "contexts": [_child_contexts(prompt_ids, c, t)
-                             for c, t in zip(out.outputs, out.hook_traces)]}
+            temperature=1.0, extra_args={"seqhooks_child_max_tokens": FREE}, **sampling)
 
-    seeded = [family(seed=1234, n=2) for _ in range(2)]
+    def seeded_and_unseeded():
+        outs = llm.generate([{"prompt_token_ids": prompt_ids}] * 2,
+                            [family_params(seed=1234, n=2), family_params()], use_tqdm=False)
+        return [{"tokens": [list(c.token_ids) for c in out.outputs],
+                 "children": [[c["output_token_ids"] for c in t["children"]]
+                              for t in out.hook_traces],
+                 "contexts": [_child_contexts(prompt_ids, c, t)
+                              for c, t in zip(out.outputs, out.hook_traces)]} for out in outs]
+
+    seeded, unseeded = zip(*(seeded_and_unseeded() for _ in range(2)))
     child0 = seeded[0]["contexts"][0][0]  # sample 0 (seed 1234), child "0"
     fresh = llm.generate([{"prompt_token_ids": child0}], vllm.SamplingParams(
         temperature=1.0, max_tokens=FREE, seed=derive_seed(1234, "0"),
@@ -170,9 +183,8 @@ def seed_oracles(llm, S, prompt_ids: list[int]) -> dict:
     stock = llm.generate([{"prompt_token_ids": prompt_ids}], vllm.SamplingParams(
         temperature=1.0, max_tokens=FREE, seed=1234, extra_args={"seqhooks_enabled": False}),
         use_tqdm=False)[0]
-    return {"seeded": seeded, "fresh_seeded_child": list(fresh.outputs[0].token_ids),
-            "stock_seeded": list(stock.outputs[0].token_ids),
-            "unseeded": [family() for _ in range(2)]}
+    return {"seeded": list(seeded), "fresh_seeded_child": list(fresh.outputs[0].token_ids),
+            "stock_seeded": list(stock.outputs[0].token_ids), "unseeded": list(unseeded)}
 
 
 def _child_contexts(prompt_ids, completion, trace) -> list[list[int]]:
@@ -219,20 +231,19 @@ def tag_format_oracles(model: str, prompt_ids: list[int]) -> dict:
             "tag_idle": _idle(llm) and not scheduler_of(llm).requests}
 
 
-_RESULTS: dict[str, dict] = {}
+@pytest.fixture(scope="module")
+def all_modes(tiny_model_dir):
+    """Each mode's :func:`oracles`, in its own process (the runner is
+    chosen before vLLM is imported), the modes' processes at once."""
+    processes = ModeProcesses({m: (oracles, {"model": tiny_model_dir}) for m in MODES},
+                              env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    yield processes
+    processes.close()
 
 
 @pytest.fixture(params=MODES, ids=[m.id for m in MODES])
-def mode_results(request, tiny_model_dir) -> tuple[EngineMode, dict]:
-    mode: EngineMode = request.param
-    reason = mode.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    if mode.id not in _RESULTS:
-        _RESULTS[mode.id] = run_in_mode(
-            mode, oracles, kwargs={"model": tiny_model_dir},
-            env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    return mode, _RESULTS[mode.id]
+def mode_results(request, all_modes) -> tuple[EngineMode, dict]:
+    return request.param, all_modes.result(request.param)
 
 
 def test_the_mode_is_the_one_asked_for(mode_results):
@@ -320,10 +331,10 @@ def test_seeded_families_repeat_and_unseeded_ones_vary(mode_results):
     assert one["children"] != two["children"]
 
 
-def test_all_modes_give_the_same_tokens(tiny_model_dir):
+def test_all_modes_give_the_same_tokens(all_modes):
     """The modes that ran agree with each other token for token."""
     keys = ("merged_text", "continuation", "child_tokens", "nested_text", "roomy_texts")
-    ran = {mid: r for mid, r in _RESULTS.items()}
+    ran = all_modes.succeeded()
     if len(ran) < 2:
         pytest.skip("fewer than two engine modes ran")
     first = next(iter(ran.values()))

@@ -6,14 +6,20 @@ transformers forward with path-isolated attention and shared positions
 (testing/splice_oracle.py), in every engine mode, with block sizes 32
 and 64 (the CPU backend takes multiples of 32) and with prefix caching
 off; the join prefills only the format's suffix; nothing is left behind. Control: a re-prefill join of the same families
-continues differently wherever the paths are more than one."""
+continues differently wherever the paths are more than one.
+
+Each run is one engine; a mode's runs share its process (``RUNS``; the
+modes' processes at once, ``ModeProcesses``), the oracle runs in pytest's
+process on one thread."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from tests.support import splice_families
-from tests.support.engine_modes import MODES, EngineMode, run_in_mode
+from tests.support.engine_modes import MODES, EngineMode, ModeProcesses
 
 pytestmark = pytest.mark.slow
 
@@ -23,15 +29,48 @@ FAMILIES = 9
 #: Triton's interpreter, slowly). V2 with sync scheduling is left out to keep
 #: CI short: its runner side is V2-async's, its scheduler side V1-sync's.
 #: 4 runs, 36 families.
-RUNS = [(MODES[0], 32), (MODES[0], 64), (MODES[1], 32), (MODES[3], 32)]
+ORACLE_RUNS = [(MODES[0], 32), (MODES[0], 64), (MODES[1], 32), (MODES[3], 32)]
+#: KV cache of the spill runs, in tokens (9 families of up to ~600 tokens each).
+SPILL_KV_TOKENS = 1400
+
+#: Every engine run of the module: its name, its engine mode and the
+#: arguments of :func:`tests.support.splice_families.run_families`
+#: (``kv_tokens``: the KV cache's size in tokens of the tiny model).
+RUNS: dict[str, tuple[EngineMode, dict]] = {
+    **{f"{m.id}-{b}": (m, dict(seed=b + MODES.index(m), block_size=b)) for m, b in ORACLE_RUNS},
+    "no-prefix-cache": (MODES[0], dict(seed=7, enable_prefix_caching=False)),
+    "reprefill": (MODES[0], dict(seed=3, join="reprefill")),
+    "nested": (MODES[0], dict(seed=5, nested=True, free=160)),
+    **{f"twice-{cache}": (MODES[0], dict(seed=11, twice=True, free=40,
+                                         enable_prefix_caching=cache == "prefix_cache"))
+       for cache in ("prefix_cache", "no_prefix_cache")},
+    **{f"spills-{m.id}": (m, dict(seed=17, kv_tokens=SPILL_KV_TOKENS)) for m in MODES[:2]},
+    "chunked": (MODES[0], dict(seed=13, max_num_batched_tokens=40)),
+}
 
 
-def _run(mode: EngineMode, model: str, **kwargs) -> dict:
-    reason = mode.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    return run_in_mode(mode, "tests.support.splice_families:run_families",
-                       kwargs=dict(model=model, families=FAMILIES, **kwargs))
+def _run_kwargs(kwargs: dict, kv_bytes_per_token: int) -> dict:
+    kwargs = dict(kwargs, families=FAMILIES)
+    if "kv_tokens" in kwargs:
+        kwargs["kv_cache_memory_bytes"] = kwargs.pop("kv_tokens") * kv_bytes_per_token
+    return kwargs
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir):
+    """Name -> run, of :data:`RUNS`: each mode's runs one engine after
+    another in one process (an in-process engine starts in about a second,
+    a process imports vLLM in about 12), the modes' processes at once."""
+    from benchmarks.common import kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(Path(tiny_model_dir), "float32")
+    modes = dict.fromkeys(m for m, _ in RUNS.values())
+    processes = ModeProcesses({mode: ("tests.support.splice_families:run_many", dict(
+        model=tiny_model_dir, runs={name: _run_kwargs(kwargs, per_token)
+                                    for name, (m, kwargs) in RUNS.items() if m == mode}))
+        for mode in modes})
+    yield lambda name: processes.result(RUNS[name][0])[name]
+    processes.close()
 
 
 def _assert_clean(run: dict) -> None:
@@ -39,11 +78,9 @@ def _assert_clean(run: dict) -> None:
     assert not any(run["sizes"].values()), run["sizes"]
 
 
-@pytest.mark.parametrize(("mode", "block_size"), RUNS,
-                         ids=[f"{m.id}-{b}" for m, b in RUNS])
-def test_splice_join_equals_the_oracle(mode, block_size, tiny_model_dir):
-    run = _run(mode, tiny_model_dir, seed=block_size + MODES.index(mode),
-               block_size=block_size)
+@pytest.mark.parametrize("name", [f"{m.id}-{b}" for m, b in ORACLE_RUNS])
+def test_splice_join_equals_the_oracle(name, runs, tiny_model_dir):
+    run = runs(name)
     _assert_clean(run)
     suffix = len(run["suffix"])
     assert run["stats"]["splice_joins"] == FAMILIES
@@ -59,8 +96,8 @@ def test_splice_join_equals_the_oracle(mode, block_size, tiny_model_dir):
         assert check["got"] == check["splice"], (check["fork"], check["paths"])
 
 
-def test_splice_join_without_prefix_caching(tiny_model_dir):
-    run = _run(MODES[0], tiny_model_dir, seed=7, enable_prefix_caching=False)
+def test_splice_join_without_prefix_caching(runs, tiny_model_dir):
+    run = runs("no-prefix-cache")
     _assert_clean(run)
     assert run["stats"]["splice_joins"] == FAMILIES
     assert run["stats"]["splice_child_context_copied_tokens"] > 0  # contexts copied
@@ -68,21 +105,21 @@ def test_splice_join_without_prefix_caching(tiny_model_dir):
         assert check["got"] == check["splice"]
 
 
-def test_a_reprefill_join_is_what_the_oracle_tells_apart(tiny_model_dir):
-    run = _run(MODES[0], tiny_model_dir, seed=3, join="reprefill")
+def test_a_reprefill_join_is_what_the_oracle_tells_apart(runs, tiny_model_dir):
+    run = runs("reprefill")
     _assert_clean(run)
-    checks = splice_families.oracle_check(tiny_model_dir, run)
+    checks = splice_families.oracle_check(tiny_model_dir, run, causal=True)
     several = [c for c in checks if len(c["paths"]) > 1]
     assert len(several) >= 4
     assert all(c["got"] == c["causal"] for c in checks)
     assert sum(c["got"] != c["splice"] for c in several) >= len(several) - 1
 
 
-def test_nested_splice_joins_equal_the_oracle(tiny_model_dir):
+def test_nested_splice_joins_equal_the_oracle(runs, tiny_model_dir):
     """Child 0 of each family forks 1-3 children of its own: its path holds
     their paths side by side and spans the positions its own splice join
     left it (fewer than its tokens); the outer join uses that extent."""
-    run = _run(MODES[0], tiny_model_dir, seed=5, nested=True, free=160)
+    run = runs("nested")
     _assert_clean(run)
     assert run["stats"]["splice_joins"] == 2 * FAMILIES
     assert run["stats"]["splice_fallbacks"] == 0
@@ -93,7 +130,7 @@ def test_nested_splice_joins_equal_the_oracle(tiny_model_dir):
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False], ids=["prefix_cache", "no_prefix_cache"])
-def test_a_parent_that_forks_again_after_a_splice_join(prefix_caching, tiny_model_dir):
+def test_a_parent_that_forks_again_after_a_splice_join(prefix_caching, runs, tiny_model_dir):
     """After its first splice join each parent writes on and forks 2-3
     children again: they start from its context, spliced paths included,
     at its positions, taking its KV (from the prefix cache and its partly
@@ -101,8 +138,7 @@ def test_a_parent_that_forks_again_after_a_splice_join(prefix_caching, tiny_mode
     blocks), so the parent's tokens after its second join equal the
     oracle. A child that computed tokens of a spliced path again could
     only do it with causal attention: counted and traced."""
-    run = _run(MODES[0], tiny_model_dir, seed=11, twice=True, free=40,
-               enable_prefix_caching=prefix_caching)
+    run = runs("twice-" + ("prefix_cache" if prefix_caching else "no_prefix_cache"))
     _assert_clean(run)
     assert run["stats"]["splice_joins"] == 2 * FAMILIES
     assert run["stats"]["splice_fallbacks"] == 0
@@ -124,25 +160,21 @@ def test_a_parent_that_forks_again_after_a_splice_join(prefix_caching, tiny_mode
 
 
 @pytest.mark.parametrize("mode", MODES[:2], ids=[m.id for m in MODES[:2]])
-def test_splice_joins_after_spills_equal_the_oracle(mode, tiny_model_dir):
+def test_splice_joins_after_spills_equal_the_oracle(mode, runs, tiny_model_dir):
     """A KV cache for 1,400 tokens (9 families of up to ~600 tokens each):
     parked parents are spilled. A spilled parent splices all the same: its
     context comes back from the prefix cache and (its last tokens) from its
     first child; its tokens after the join equal the oracle's. A join
     whose blocks cannot be had re-prefills, and then equals causal
     generation. Nothing waits forever, nothing is left behind."""
-    from benchmarks.common import kv_bytes_per_token
-    from pathlib import Path
-
-    run = _run(mode, tiny_model_dir, seed=17,
-               kv_cache_memory_bytes=1400 * kv_bytes_per_token(Path(tiny_model_dir), "float32"))
+    run = runs(f"spills-{mode.id}")
     _assert_clean(run)
     stats = run["stats"]
     assert stats["spills"] >= FAMILIES // 2
     families = run["families"]
     after_spill = [f for f in families if f["modes"] == ["splice"] and f["after_spill"][0]]
     assert len(after_spill) == stats["splice_joins_after_spill"] >= 3
-    checks = splice_families.oracle_check(tiny_model_dir, run)
+    checks = splice_families.oracle_check(tiny_model_dir, run, causal=True)
     for family, check in zip(families, checks):
         if family["modes"] == ["reprefill"]:
             assert check["got"] == check["causal"]
@@ -151,12 +183,12 @@ def test_splice_joins_after_spills_equal_the_oracle(mode, tiny_model_dir):
             assert check["got"] == check["splice"], (check["fork"], check["paths"])
 
 
-def test_splice_joins_with_chunked_prefill(tiny_model_dir):
+def test_splice_joins_with_chunked_prefill(runs, tiny_model_dir):
     """A step budget of 40 tokens for 9 families: prompts and children's
     prompts are computed over several steps, a join's suffix may be (the
     KV copies go with the parent's first step after its join, the shifts
     with every step); the parents' tokens still equal the oracle."""
-    run = _run(MODES[0], tiny_model_dir, seed=13, max_num_batched_tokens=40)
+    run = runs("chunked")
     _assert_clean(run)
     assert run["stats"]["splice_joins"] == FAMILIES
     assert run["stats"]["splice_fallbacks"] == 0

@@ -12,13 +12,15 @@ CPU too:
   ``SeqHooksAsyncScheduler``) and the batch queue end to end.
 
 :func:`run_in_mode` calls a function in a fresh process set up for one
-:class:`EngineMode` (the runner must be chosen before vLLM is imported).
+:class:`EngineMode` (the runner must be chosen before vLLM is imported);
+:class:`ModeProcesses` does it for several modes at once.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,3 +77,44 @@ def run_in_mode(
     child_env = mode.env()
     child_env.update(env or {})
     return v2_runner.run_in_subprocess(target, env=child_env, kwargs=kwargs, timeout=timeout)
+
+
+class ModeProcesses:
+    """:func:`run_in_mode` for each of ``calls`` (mode -> target and its
+    keyword arguments; the modes this machine cannot run are left out),
+    in processes running at once, at most one per core, each with one
+    OpenMP thread: a process of the tiny model keeps about one core busy
+    (its steps are Python-bound, the V2 runner's interpreted Triton
+    kernels too), so two run in about the time of the longer on two
+    cores (with torch's default of a thread per core, their threads would
+    spin against each other)."""
+
+    def __init__(self, calls: Mapping[EngineMode, tuple[str | Callable[..., Any],
+                                                          Mapping[str, Any]]],
+                 *, env: Mapping[str, str] | None = None) -> None:
+        runnable = {m: call for m, call in calls.items() if not m.unavailable_reason()}
+        workers = max(1, min(len(runnable), os.cpu_count() or 1))
+        if workers > 1:  # one OpenMP thread each (torch's default: one per core)
+            env = {"OMP_NUM_THREADS": "1", **(env or {})}
+        self._pool = ThreadPoolExecutor(max_workers=workers)
+        self._futures: dict[EngineMode, Future] = {
+            mode: self._pool.submit(run_in_mode, mode, target, kwargs=kwargs, env=env)
+            for mode, (target, kwargs) in runnable.items()}
+
+    def result(self, mode: EngineMode) -> Any:
+        """The mode's result (waits for it); skips the calling test when
+        the mode cannot run here; raises what :func:`run_in_mode` raised."""
+        reason = mode.unavailable_reason()
+        if reason:
+            import pytest
+
+            pytest.skip(reason)
+        return self._futures[mode].result()
+
+    def succeeded(self) -> dict[str, Any]:
+        """Mode id -> result, of the modes whose process succeeded (waits
+        for all)."""
+        return {m.id: f.result() for m, f in self._futures.items() if f.exception() is None}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

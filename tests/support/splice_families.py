@@ -1,12 +1,13 @@
 """Random Multiverse-format families through a splice join on the tiny
 model, and what the transformers oracle says each parent should write
-after its join (tests; one engine per call, in the calling process's
-engine mode)."""
+after its join (tests; one engine per run, in the calling process's
+engine mode; :func:`run_many` runs several one after another)."""
 
 from __future__ import annotations
 
 import random
 import string
+from contextlib import contextmanager
 from typing import Any
 
 from vllm_seqhooks.core.splice_layout import Parallel
@@ -58,8 +59,7 @@ def run_families(model: str, seed: int, families: int, block_size: int = 32,
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm_seqhooks.llm import LLM
-    from tests.support.forkjoin import (
-        Scripts, kv_blocks_in_use, scheduler_of, scripted_engine_kwargs)
+    from tests.support.forkjoin import Scripts, scripted_engine_kwargs
 
     llm = LLM(model, special_kwargs={"format": "multiverse", "join": join,
                                      "fork_min_tokens": None,
@@ -72,8 +72,28 @@ def run_families(model: str, seed: int, families: int, block_size: int = 32,
     prompts = [{"prompt_token_ids": S(s["prompt"])} for s in scripts]
     params = [S.params(s["before"], s["children"], end="free", child_end="eos",
                        max_tokens=len(S(s["before"])) + free) for s in scripts]
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return _result(llm, S, scripts, prompts, outs)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def run_many(model: str, runs: dict[str, dict[str, Any]]) -> dict[str, dict]:
+    """:func:`run_families` with each of ``runs``' keyword arguments, one
+    engine after another in this process (the runs of one engine mode)."""
+    import gc
+
+    results = {}
+    for name, kwargs in runs.items():
+        results[name] = run_families(model, **kwargs)
+        gc.collect()
+    return results
+
+
+def _result(llm, S, scripts, prompts, outs) -> dict:
     from vllm_seqhooks import get_hook_trace
+    from tests.support.forkjoin import kv_blocks_in_use, scheduler_of
 
     result = []
     for s, prompt, out in zip(scripts, prompts, outs):
@@ -102,10 +122,33 @@ def run_families(model: str, seed: int, families: int, block_size: int = 32,
             "suffix": S(SUFFIX)}
 
 
-def oracle_check(model_dir: str, run: dict, compare: int | None = None) -> list[dict]:
+def oracle_check(model_dir: str, run: dict, compare: int | None = None,
+                 causal: bool = False) -> list[dict]:
     """For each family: the parent's free tokens after its join, and the
     oracle's greedy tokens for the same merged sequence laid out as a
-    splice (and as one causal sequence)."""
+    splice (and, with ``causal``, as one causal sequence)."""
+    with _one_torch_thread():
+        return _oracle_checks(model_dir, run, compare, causal)
+
+
+@contextmanager
+def _one_torch_thread():
+    """The tiny model on one thread: as fast, and no OpenMP threads
+    spinning against the engine processes the tests run beside it
+    (``torch._C``'s setter: an in-process vLLM engine on CPU replaces
+    ``torch.set_num_threads`` by a warning)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch._C.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch._C.set_num_threads(before)
+
+
+def _oracle_checks(model_dir: str, run: dict, compare: int | None,
+                   causal: bool) -> list[dict]:
     from tests.support import splice_oracle
 
     model = splice_oracle.load(model_dir)
@@ -137,7 +180,7 @@ def oracle_check(model_dir: str, run: dict, compare: int | None = None) -> list[
         checks.append({
             "got": got,
             "splice": splice_oracle.greedy_after_join(model, ids[:cut], layout, len(got)),
-            "causal": splice_oracle.greedy_causal(model, ids[:cut], len(got)),
+            "causal": splice_oracle.greedy_causal(model, ids[:cut], len(got)) if causal else None,
             "paths": paths, "fork": fork,
         })
     return checks
