@@ -45,16 +45,28 @@ def test_bad_special_kwargs_fail_before_the_engine_starts(tiny_model_dir):
             scheduler_cls="vllm.v1.core.sched.scheduler.Scheduler")
 
 
-def test_hooks_in_the_default_multiprocess_engine(tiny_model_dir, tiny_llm_kwargs):
+def _worker_exit_grace(worker) -> str | None:
+    import os
+
+    from vllm_seqhooks.engine.worker_exit import ENV_VAR
+
+    return os.environ.get(ENV_VAR)
+
+
+def test_hooks_in_the_default_multiprocess_engine(tiny_model_dir, tiny_llm_kwargs, monkeypatch):
     """Default path: EngineCore in its own process. The merged text and the
     trace can only come from the hook scheduler running in that process."""
     import os
 
     from vllm_seqhooks import LLM, format_tree
     from tests.support.forkjoin import Scripts
+    from vllm_seqhooks.engine.worker_exit import ENV_VAR, WORKER_EXIT_S
     from vllm_seqhooks.scripted.processor import SCRIPTED_LOGITS_PROCESSOR_FQCN
 
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0"
+    assert ENV_VAR not in os.environ
+    # (lets collective_rpc send a test function to the worker, below)
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     kwargs = {k: v for k, v in tiny_llm_kwargs.items() if k != "model"}
     llm = LLM(tiny_model_dir,
               special_kwargs={"sync_token": "<sync>", "promise_token": "<promise>",
@@ -62,6 +74,12 @@ def test_hooks_in_the_default_multiprocess_engine(tiny_model_dir, tiny_llm_kwarg
               logits_processors=[SCRIPTED_LOGITS_PROCESSOR_FQCN], **kwargs)
     try:
         assert llm.llm_engine.engine_core.__class__.__name__ != "InprocClient"
+        # Its processes give the worker time to exit on a busy machine
+        # (engine/worker_exit.py; the worker inherits the engine process's
+        # environment, and setproctitle hides both from /proc); the caller's
+        # environment is unchanged.
+        assert llm.collective_rpc(_worker_exit_grace) == [str(WORKER_EXIT_S)]
+        assert ENV_VAR not in os.environ
         S = Scripts(llm.get_tokenizer())
         params = S.params("go<promise>a</promise><promise>b</promise><sync>!",
                           {"0": "X", "1": "YY"})

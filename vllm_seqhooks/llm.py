@@ -23,6 +23,7 @@ from vllm_seqhooks.core.trace import attach_traces
 from vllm_seqhooks.engine import patches
 from vllm_seqhooks.engine.cpu_memory import cpu_memory_args
 from vllm_seqhooks.engine.engine_args import hook_engine_args, load_tokenizer, model_engine_args
+from vllm_seqhooks.engine.worker_exit import worker_exit_grace
 
 
 class LLM(vllm.LLM):
@@ -44,7 +45,10 @@ class LLM(vllm.LLM):
             kwargs = {**kwargs, **model_engine_args(model, kwargs.get)}
             kwargs = {**kwargs, **hook_engine_args(hooks, kwargs), **cpu_memory_args(kwargs)}
             patches.install_frontend_patches()
-        super().__init__(model, **kwargs)
+            with worker_exit_grace():  # (its processes start here)
+                super().__init__(model, **kwargs)
+        else:
+            super().__init__(model, **kwargs)
         self.special_kwargs = hooks
         if hooks is not None:
             # Stop the engine before multiprocessing's own exit handler kills

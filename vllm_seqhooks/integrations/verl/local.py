@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator, Mapping, Optional
@@ -45,15 +44,15 @@ from vllm_seqhooks.integrations.verl import AGENT_LOOPS, AGENT_NAME, engine_kwar
 #: verl's generated full trainer config (every default, resolved by Hydra).
 TRAINER_CONFIG = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
 
-#: How long :func:`stop_server` waits for the engine's processes to exit,
-#: and (:data:`WORKER_EXIT_S`) the engine process for its worker's, before
-#: vLLM kills them. vLLM's defaults, 5 s each, are too short on a busy
-#: machine: with another engine running on the same 2 cores the worker took
-#: 5 s to exit and the EngineCore was still in its teardown when the 5 s ran
-#: out ("force killing remaining process EngineCore", issue 51 item 6).
-#: A quiet shutdown takes about a second; these only bound a slow one.
+#: How long :func:`stop_server` waits for the engine's processes to exit
+#: before vLLM kills them (the engine process waits for its worker's:
+#: :mod:`vllm_seqhooks.engine.worker_exit`). vLLM's default, 5 s, is too
+#: short on a busy machine: with another engine running on the same 2 cores
+#: the worker took 5 s to exit and the EngineCore was still in its teardown
+#: when the 5 s ran out ("force killing remaining process EngineCore", issue
+#: 51 item 6). A quiet shutdown takes about a second; this only bounds a
+#: slow one.
 SHUTDOWN_TIMEOUT_S = 60.0
-WORKER_EXIT_S = 30
 
 
 def trainer_config(model: str, special_kwargs: Any = None, *, prompt_length: int = 64,
@@ -107,18 +106,20 @@ def _ray_answers_locally() -> Iterator[None]:
 async def start_server(config: DictConfig):
     """verl's ``vLLMHttpServer`` for ``config``'s rollout, launched (its
     engine running, its HTTP server on 127.0.0.1). Stop it with
-    :func:`stop_server`. Sets ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` to
-    :data:`WORKER_EXIT_S` unless it is set (the engine process reads it)."""
+    :func:`stop_server`. Its engine's worker gets
+    :data:`~vllm_seqhooks.engine.worker_exit.WORKER_EXIT_S` to exit at
+    shutdown unless ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` is set."""
     from verl.workers.rollout.replica import RolloutMode
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
 
-    os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(WORKER_EXIT_S))
+    from vllm_seqhooks.engine.worker_exit import worker_exit_grace
 
     with _ray_answers_locally():
         server = vLLMHttpServer(config.actor_rollout_ref.rollout, config.actor_rollout_ref.model,
                                 RolloutMode.STANDALONE, workers=[], replica_rank=0, node_rank=0,
                                 gpus_per_node=1, nnodes=1, cuda_visible_devices="")
-    await server.launch_server()
+    with worker_exit_grace():  # (the engine's processes start here)
+        await server.launch_server()
     return server
 
 
