@@ -1089,7 +1089,7 @@ def ahead(request, tmp_path_factory):
     first and then the other commands starting an engine (the longest); each
     test takes its own job's result."""
     selected = [item.callspec.params["job"] for item in request.session.items
-                if item.module is request.module and hasattr(item, "callspec")
+                if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
                 and "job" in item.callspec.params]
     runs = RunAhead(AHEAD)
     order = sorted((j for j in selected if j.ahead), key=lambda j: (j.kind != "serve", not j.slow))

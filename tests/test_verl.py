@@ -175,7 +175,7 @@ def scripts_ahead(request, verl_env):
     each mostly one busy process at a time, so together they use both
     cores. Each test takes its own result."""
     names = {item.originalname for item in request.session.items
-             if item.module is request.module}
+             if getattr(item, "module", None) is request.module}
     runs = RunAhead(workers=len(SCRIPTS))
     for name, body in SCRIPTS.items():
         if name in names:
