@@ -10,7 +10,7 @@ request, the forked child against a fresh request, nesting, an abort while
 the parent is parked, every family finishing identically under KV pressure
 (spills), and no block or hook state left behind.
 
-The four processes run at once, one per core, each on one OpenMP thread
+The four processes run as many at once as there are cores, each on one OpenMP thread
 (``ModeProcesses``). The file takes more than 60 s (about 85 s on this
 2-core machine): each mode needs its own process (the runner is chosen
 before vLLM is imported) and three engines (the hooks, a KV cache too

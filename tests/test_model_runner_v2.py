@@ -358,13 +358,25 @@ def greedy_case(model: str, prompts: list[str], max_tokens: int) -> dict:
         llm.llm_engine.engine_core.shutdown()
 
 
+def v2_engines_case(model: str, prompts: list[str], max_tokens: int) -> dict:
+    """:func:`greedy_case` and :func:`scripted_case` one after another in
+    one V2 process (one import of vLLM for both engines)."""
+    return {"greedy": greedy_case(model, prompts, max_tokens),
+            "scripted": scripted_case(model)}
+
+
+@pytest.fixture(scope="module")
+def v2_engines(tiny_model_dir) -> dict:
+    return v2_runner.run_in_v2(v2_engines_case, env=IN_PROCESS, kwargs=dict(
+        model=tiny_model_dir, prompts=PROMPTS, max_tokens=12))
+
+
 @pytest.mark.slow
 @needs_triton
-def test_v2_greedy_equals_v1(tiny_model_dir, monkeypatch):
+def test_v2_greedy_equals_v1(tiny_model_dir, v2_engines, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    kwargs = dict(model=tiny_model_dir, prompts=PROMPTS, max_tokens=12)
-    v1 = greedy_case(**kwargs)
-    v2 = v2_runner.run_in_v2(greedy_case, kwargs=kwargs, env=IN_PROCESS)
+    v1 = greedy_case(model=tiny_model_dir, prompts=PROMPTS, max_tokens=12)
+    v2 = v2_engines["greedy"]
 
     assert v1["runner"] == V1_RUNNER and V2_BASE_MODULE not in v1["mro"]
     assert v2["runner"] == V2_RUNNER and V2_BASE_MODULE in v2["mro"]
@@ -447,9 +459,8 @@ def scripted_case(model: str) -> dict:
 
 @pytest.mark.slow
 @needs_triton
-def test_v2_scripted_processor(tiny_model_dir):
-    got = v2_runner.run_in_v2(scripted_case, kwargs=dict(model=tiny_model_dir),
-                              env=IN_PROCESS)
+def test_v2_scripted_processor(v2_engines):
+    got = v2_engines["scripted"]
     assert got["runner"] == V2_RUNNER
     (free,) = got["free_alone"]
     assert len(free) == 8 and all(len(FIXED_TOKENS) <= t < TOKENIZER_SIZE
