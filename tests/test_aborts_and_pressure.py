@@ -1,4 +1,9 @@
-"""Aborts and KV-cache pressure, driving the in-process engine step by step."""
+"""Aborts and KV-cache pressure, driving the in-process engine step by step.
+
+The two engines run torch on one thread (``one_torch_thread``): the KV
+pressure test's few hundred steps took 27-49 s on a busy machine with two
+spinning OpenMP threads and about 1 s on one; aborts, spills and
+preemptions are the scheduler's and do not depend on it."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ BLOCK_BYTES = 2 * 2 * 1 * 64 * 4 * BLOCK
 @pytest.fixture(scope="module")
 def llms(tiny_model_dir):
     from tests.support.forkjoin import Scripts, hook_llm
+    from tests.support.torch_threads import one_torch_thread
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -24,7 +30,8 @@ def llms(tiny_model_dir):
         # 40 blocks: a couple of families at a time, far from all 32.
         tight = hook_llm(tiny_model_dir, max_model_len=512,
                          kv_cache_memory_bytes=40 * BLOCK_BYTES, max_num_seqs=16)
-        yield roomy, tight, Scripts(roomy.get_tokenizer())
+        with one_torch_thread():
+            yield roomy, tight, Scripts(roomy.get_tokenizer())
 
 
 def idle(llm):
