@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from tests.support.engine_modes import MODES, run_in_mode
+from tests.support.engine_modes import MODES, ModeProcesses
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +37,27 @@ CASES = {
 #: interpreter). (V1 with async scheduling: test_engine_modes and
 #: test_splice_join cover its joins.)
 RUNS = [(MODES[0], name) for name in CASES] + [(MODES[3], "multiverse-splice")]
+RUN_IDS = [f"{m.id}-{n}" for m, n in RUNS]
+
+
+@pytest.fixture(scope="module")
+def families(request, tiny_model_dir):
+    """(mode, case name) -> the family's run, of the runs this session
+    selected: each mode's cases one engine after another in one process (an
+    in-process engine starts in about a second, a process imports vLLM in
+    about 12), the modes' processes at once (``ModeProcesses``)."""
+    selected = {item.callspec.id for item in request.session.items
+                if item.originalname == "test_logprobs_with_hooks_are_the_models"}
+    calls = {}
+    for (mode, name), run_id in zip(RUNS, RUN_IDS):
+        if run_id in selected:
+            spec, script, children = CASES[name]
+            calls.setdefault(mode, {})[name] = dict(spec=spec, script=script, children=children)
+    processes = ModeProcesses({
+        mode: ("tests.support.logprob_families:run_many",
+               dict(model=tiny_model_dir, cases=cases)) for mode, cases in calls.items()})
+    yield lambda mode, name: processes.result(mode)[name]
+    processes.close()
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +89,9 @@ def _scores(stock, calls) -> list[list[float]]:
     return got
 
 
-@pytest.mark.parametrize(("mode", "name"), RUNS, ids=[f"{m.id}-{n}" for m, n in RUNS])
-def test_logprobs_with_hooks_are_the_models(mode, name, stock, tiny_model_dir):
-    reason = mode.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    spec, script, children = CASES[name]
-    got = run_in_mode(mode, "tests.support.logprob_families:run_family",
-                      kwargs=dict(model=tiny_model_dir, spec=spec, script=script,
-                                  children=children))
+@pytest.mark.parametrize(("mode", "name"), RUNS, ids=RUN_IDS)
+def test_logprobs_with_hooks_are_the_models(mode, name, families, stock, tiny_model_dir):
+    got = families(mode, name)
     assert not got["leftover"]
     tokens, rows, row = got["token_ids"], got["rows"], got["row"]
     assert len(rows) == len(tokens) == len(row["response_mask"])

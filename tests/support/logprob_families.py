@@ -48,3 +48,15 @@ def process_state() -> dict[str, Any]:
 
     return {"torch_threads": torch.get_num_threads(), "cpus": sorted(os.sched_getaffinity(0)),
             "omp": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "KMP_", "GOMP_"))}}
+
+
+def run_many(model: str, cases: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """:func:`run_family` with each of ``cases``' keyword arguments, one
+    engine after another in this process (the cases of one engine mode)."""
+    import gc
+
+    results = {}
+    for name, kwargs in cases.items():
+        results[name] = run_family(model, **kwargs)
+        gc.collect()
+    return results
