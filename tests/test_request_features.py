@@ -39,6 +39,27 @@ def _no_hang(seconds: int = 120):
         signal.signal(signal.SIGALRM, previous)
 
 
+SERVED = "test_served_features"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def served(request, tmp_path_factory):
+    """The served test's body, started at the module's first test when that
+    test is selected: its ``vllm serve`` starts and answers in processes of
+    its own while this process runs the in-process engine's tests (a
+    server's start is mostly its processes importing vLLM, on the other
+    core); the served test takes its result."""
+    from tests.support.run_ahead import RunAhead
+
+    ahead = RunAhead(workers=1)
+    if any(item.originalname == SERVED for item in request.session.items):
+        log_path = tmp_path_factory.mktemp("served") / "serve.log"
+        env = dict(os.environ)  # (now: the engine tests switch VLLM_ variables while it starts)
+        ahead.submit(SERVED, lambda: _served_features(log_path, env))
+    yield ahead
+    ahead.close()
+
+
 @pytest.fixture(scope="module")
 def llm():
     from vllm_seqhooks import LLM
@@ -182,12 +203,18 @@ def test_beam_search_is_refused(llm):
         llm.beam_search([{"prompt": PROBLEM}], BeamSearchParams(beam_width=2, max_tokens=8))
 
 
-def test_served_features(tmp_path):
+def test_served_features(served):
     """Through ``vllm serve --seqhooks auto`` and the openai client:
     ``min_tokens`` leaves the answer as it is, a structured-output regex
     answers (no hang) and one that rejects the merge ends in error (vLLM's
     server answers a request that ended in error with a 500; the server's
-    log names the reason), beam search is a 400 naming the reason."""
+    log names the reason), beam search is a 400 naming the reason (run
+    ahead from the module's first test: :func:`served`)."""
+    served.result(SERVED)
+
+
+def _served_features(log_path, env) -> None:
+    """The served test's body (in a thread of its own)."""
     import openai
     from openai import OpenAI
 
@@ -196,7 +223,7 @@ def test_served_features(tmp_path):
 
     model = str(task.model_dir())
     server = start_server(model, "--seqhooks", "auto", *trained_engine_flags(),
-                          log_path=tmp_path / "serve.log")
+                          log_path=log_path, env=env)
     try:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120)
 

@@ -72,6 +72,32 @@ def qwen_model(tmp_path_factory):
     return tok, str(model)
 
 
+SERVED = "test_served_reasoning_with_forks"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def served(request, qwen_model, tmp_path_factory):
+    """The served test's body, started at the module's first test when that
+    test is selected: its ``vllm serve`` starts and answers in processes of
+    its own while this process runs the in-process engines' tests (a
+    server's start is mostly its processes importing vLLM, on the other
+    core); the served test takes its result."""
+    import os
+
+    from vllm import envs as vllm_envs
+
+    from tests.support.run_ahead import RunAhead
+
+    ahead = RunAhead(workers=1)
+    if any(item.originalname == SERVED for item in request.session.items):
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("VLLM_") or k in vllm_envs.environment_variables}
+        log_path = tmp_path_factory.mktemp("served") / "serve.log"
+        ahead.submit(SERVED, lambda: _served_reasoning_with_forks(qwen_model, log_path, env))
+    yield ahead
+    ahead.close()
+
+
 @pytest.fixture(scope="module", params=PARSERS, ids=lambda p: p or "no-parser")
 def engine(request, qwen_model):
     """``vllm_seqhooks.LLM`` with the promise protocol's hooks, the scripted
@@ -200,25 +226,25 @@ def test_without_a_reasoning_parser_the_grammar_refuses_the_reasoning(engine):
         assert out.outputs[0].text == "<think>"
 
 
-def test_served_reasoning_with_forks(qwen_model, tmp_path):
+def test_served_reasoning_with_forks(served):
     """Through ``vllm serve --reasoning-parser qwen3 --seqhooks promise`` and
     the openai client's chat completions: the reasoning (its merge included)
     and the answer are split as for any request, whole and streamed; with a
-    structured-output regex the answer is the grammar's."""
-    import os
+    structured-output regex the answer is the grammar's (run ahead from the
+    module's first test: :func:`served`)."""
+    served.result(SERVED)
 
+
+def _served_reasoning_with_forks(qwen_model, log_path, env) -> None:
+    """The served test's body (in a thread of its own)."""
     from openai import OpenAI
-    from vllm import envs as vllm_envs
 
     from tests.support.server import SCRIPTED, TINY_FLAGS, start_server
     from vllm_seqhooks.scripted.processor import encode_script
 
     tok, model = qwen_model
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("VLLM_") or k in vllm_envs.environment_variables}
     server = start_server(model, *TINY_FLAGS, "--seqhooks", "promise", "--reasoning-parser",
-                          "qwen3", "--logits-processors", SCRIPTED,
-                          log_path=tmp_path / "serve.log", env=env)
+                          "qwen3", "--logits-processors", SCRIPTED, log_path=log_path, env=env)
 
     def xargs(script: str, end: str = "eos") -> dict:
         return {"seqhooks_script": encode_script(tok, script), "seqhooks_script_end": end,
