@@ -5,6 +5,7 @@ by tests/test_docs_commands.py.)"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,12 +20,15 @@ CRASH_LIKE = ("Traceback", "exited unexpectedly", "force killing")
 def test_rl_rollout_example_runs_reproducibly():
     """``examples/rl_rollout.py --problems 3``: its third group (``sort 9=``)
     never forks and still gets its rows; the seeded samples repeat run to
-    run; the process exits cleanly. (The two runs go at once: each is mostly
-    one busy process at a time, so two share the machine's cores; what they
-    print does not depend on what else runs.)"""
+    run; the process exits cleanly. (The two runs go at once, each on one
+    OpenMP thread: each is mostly one busy process at a time, so two share
+    the machine's cores, where two with torch's thread per core would spin
+    against each other; both runs alike, so run to run still compares the
+    same thing.)"""
     cmd = [sys.executable, str(ROOT / "examples" / "rl_rollout.py"), "--problems", "3"]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
     runs = [_finished(proc, timeout=600) for proc in procs]
     for proc in runs:
         output = proc.stdout + proc.stderr
