@@ -20,7 +20,8 @@ test's can be: the oracle's stock server, the hook servers of the "ids" and
 the "text" boundaries (an engine setting), the GRPO example's in its own
 process and the rollout benchmark's two in its own, each a multiprocess
 engine (verl's server) of about 12 s to start and 5 s to stop. The two
-scripts run ahead (``scripts_ahead``), beside the in-process tests."""
+scripts run ahead (``scripts_ahead``), beside the in-process tests, every
+engine process on one OpenMP thread (``verl_env``)."""
 
 from __future__ import annotations
 
@@ -124,6 +125,10 @@ def _verl_local():
 def verl_env():
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    # one OpenMP thread per engine process: the servers here and the scripts'
+    # (run ahead, beside them) would otherwise spin against each other on
+    # two cores; the oracle's server and the hook servers alike
+    mp.setenv("OMP_NUM_THREADS", "1")
     yield
     mp.undo()
 
