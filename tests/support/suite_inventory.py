@@ -8,7 +8,7 @@ The page has two parts. "Tests" (its last section) lists each file with its test
 "Merged or removed" has one line per test that no longer exists:
 ``- tests/test_a.py::test_old -> tests/test_b.py::test_new: why``, where
 the target must exist. ``tests/test_inventory.py`` fails when the page and
-the files disagree; ``python -m tests.support.test_inventory --write``
+the files disagree; ``python -m tests.support.suite_inventory --write``
 rewrites the "Tests" part from the files (the other part is written by
 hand).
 """
@@ -28,7 +28,7 @@ MOVED_HEADING = "## Merged or removed"
 _MOVED = re.compile(r"^- (?P<old>tests/\S+::\w+) -> (?P<new>tests/\S+::\w+): \S")
 
 
-def test_functions(root: Path = ROOT) -> dict[str, list[str]]:
+def functions_by_file(root: Path = ROOT) -> dict[str, list[str]]:
     """Each test file (relative path) and its module-level test functions,
     in file order."""
     found: dict[str, list[str]] = {}
@@ -41,7 +41,7 @@ def test_functions(root: Path = ROOT) -> dict[str, list[str]]:
     return found
 
 
-def tests_section(found: dict[str, list[str]]) -> str:
+def listing(found: dict[str, list[str]]) -> str:
     lines = [TESTS_HEADING, ""]
     for path, names in found.items():
         lines.append(f"### `{path}` ({len(names)})")
@@ -70,9 +70,9 @@ def moved(text: str) -> dict[str, str]:
 def problems(text: str, found: dict[str, list[str]]) -> list[str]:
     """Where the page and the files disagree (empty when they agree)."""
     out = []
-    if _section(text, TESTS_HEADING).strip() != tests_section(found).strip():
+    if _section(text, TESTS_HEADING).strip() != listing(found).strip():
         out.append("the 'Tests' part differs from the files: run "
-                   "`python -m tests.support.test_inventory --write`, and list any "
+                   "`python -m tests.support.suite_inventory --write`, and list any "
                    "test that disappeared under 'Merged or removed'")
     existing = {f"{path}::{name}" for path, names in found.items() for name in names}
     for old, new in moved(text).items():
@@ -103,10 +103,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"rewrite the 'Tests' part of {PAGE.relative_to(ROOT)} from the files")
     args = ap.parse_args(argv)
     text = PAGE.read_text()
-    found = test_functions()
+    found = functions_by_file()
     if args.write:
         gone = [old for old in removed_since(text, found) if old not in moved(text)]
-        PAGE.write_text(text[:text.index(TESTS_HEADING)] + tests_section(found))
+        PAGE.write_text(text[:text.index(TESTS_HEADING)] + listing(found))
         for old in gone:
             print(f"{old}: gone; say where its checks live under '{MOVED_HEADING}'")
     for problem in problems(PAGE.read_text(), found):
