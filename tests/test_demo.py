@@ -116,12 +116,14 @@ def test_the_threadweaver_model_demo_answers_right(monkeypatch, capsys):
     vllm_seqhooks/data/threadweaver_model`` in its own process with vLLM's
     default multiprocess engine, is run by tests/test_docs_commands.py and
     the installed wheel's demo by tests/test_wheel.py)."""
+    from tests.support.torch_threads import one_torch_thread
     from vllm_seqhooks.__main__ import main
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")  # (main() sets it by default)
-    code = main(["--model", "vllm_seqhooks/data/threadweaver_model", "12345678"])
+    with one_torch_thread():
+        code = main(["--model", "vllm_seqhooks/data/threadweaver_model", "12345678"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert "answer   : 12345678   (correct)" in out, out[-3000:]

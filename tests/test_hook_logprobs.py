@@ -65,8 +65,11 @@ def stock(tiny_model_dir):
     import vllm
 
     from tests.support.forkjoin import scripted_engine_kwargs
+    from tests.support.torch_threads import one_torch_thread
 
-    with pytest.MonkeyPatch.context() as mp:
+    # (the scorers on one thread, beside the engine modes' processes, each
+    # on one: see families)
+    with pytest.MonkeyPatch.context() as mp, one_torch_thread():
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         llm = vllm.LLM(tiny_model_dir, **scripted_engine_kwargs(tiny_model_dir))
         yield llm

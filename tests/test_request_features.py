@@ -62,12 +62,14 @@ def served(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llm():
+    from tests.support.torch_threads import one_torch_thread
     from vllm_seqhooks import LLM
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         engine = LLM(str(task.model_dir()), special_kwargs="auto", **task.ENGINE_KWARGS)
-    yield engine
+    with one_torch_thread():  # (beside the served test's processes: see served)
+        yield engine
     engine.shutdown()
 
 

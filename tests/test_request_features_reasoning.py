@@ -103,6 +103,7 @@ def engine(request, qwen_model):
     """``vllm_seqhooks.LLM`` with the promise protocol's hooks, the scripted
     processor and ``reasoning_parser`` (vLLM's engine argument; ``vllm
     serve --reasoning-parser``)."""
+    from tests.support.torch_threads import one_torch_thread
     from vllm_seqhooks import LLM
     from vllm_seqhooks.scripted.llm import scripted_engine_kwargs
 
@@ -112,7 +113,8 @@ def engine(request, qwen_model):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         llm = LLM(model, special_kwargs="promise", **kwargs)
-    yield llm, tok, parser
+    with one_torch_thread():  # (beside the served test's processes: see served)
+        yield llm, tok, parser
     llm.shutdown()
 
 

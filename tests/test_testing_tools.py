@@ -396,13 +396,17 @@ def engines(tiny_llm_kwargs):
     """(LLM with the scripted processor, reference outputs of a plain LLM).
 
     The plain engine runs first and is shut down before the scripted one
-    starts, so only one in-process engine lives at a time.
+    starts, so only one in-process engine lives at a time. Both run torch
+    on one thread (``one_torch_thread``: the tiny model is as fast on one,
+    and a busy machine's other processes do not leave two spinning).
     """
     from vllm import LLM
 
     from vllm_seqhooks.scripted.processor import ScriptedTokensLogitsProcessor
 
-    with pytest.MonkeyPatch.context() as mp:
+    from tests.support.torch_threads import one_torch_thread
+
+    with pytest.MonkeyPatch.context() as mp, one_torch_thread():
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         plain = LLM(**tiny_llm_kwargs)
         reference = [
