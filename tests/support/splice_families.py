@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import random
 import string
-from contextlib import contextmanager
 from typing import Any
 
+from tests.support.torch_threads import one_torch_thread
 from vllm_seqhooks.core.splice_layout import Parallel
 
 LETTERS = string.ascii_letters + "  "
@@ -127,24 +127,10 @@ def oracle_check(model_dir: str, run: dict, compare: int | None = None,
     """For each family: the parent's free tokens after its join, and the
     oracle's greedy tokens for the same merged sequence laid out as a
     splice (and, with ``causal``, as one causal sequence)."""
-    with _one_torch_thread():
+    # (one thread: no OpenMP threads spinning against the engine processes
+    # the tests run beside it)
+    with one_torch_thread():
         return _oracle_checks(model_dir, run, compare, causal)
-
-
-@contextmanager
-def _one_torch_thread():
-    """The tiny model on one thread: as fast, and no OpenMP threads
-    spinning against the engine processes the tests run beside it
-    (``torch._C``'s setter: an in-process vLLM engine on CPU replaces
-    ``torch.set_num_threads`` by a warning)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch._C.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch._C.set_num_threads(before)
 
 
 def _oracle_checks(model_dir: str, run: dict, compare: int | None,
