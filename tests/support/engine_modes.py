@@ -118,3 +118,17 @@ class ModeProcesses:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def one_engine_after_another(run: Callable[..., dict], model: str,
+                             cases: Mapping[str, dict[str, Any]]) -> dict[str, dict]:
+    """``run(model, **kwargs)`` for each of ``cases``, one engine after
+    another in this process (the cases of one engine mode), the garbage of
+    each engine collected before the next starts."""
+    import gc
+
+    results = {}
+    for name, kwargs in cases.items():
+        results[name] = run(model, **kwargs)
+        gc.collect()
+    return results

@@ -53,10 +53,6 @@ def process_state() -> dict[str, Any]:
 def run_many(model: str, cases: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """:func:`run_family` with each of ``cases``' keyword arguments, one
     engine after another in this process (the cases of one engine mode)."""
-    import gc
+    from tests.support.engine_modes import one_engine_after_another
 
-    results = {}
-    for name, kwargs in cases.items():
-        results[name] = run_family(model, **kwargs)
-        gc.collect()
-    return results
+    return one_engine_after_another(run_family, model, cases)

@@ -82,13 +82,9 @@ def run_families(model: str, seed: int, families: int, block_size: int = 32,
 def run_many(model: str, runs: dict[str, dict[str, Any]]) -> dict[str, dict]:
     """:func:`run_families` with each of ``runs``' keyword arguments, one
     engine after another in this process (the runs of one engine mode)."""
-    import gc
+    from tests.support.engine_modes import one_engine_after_another
 
-    results = {}
-    for name, kwargs in runs.items():
-        results[name] = run_families(model, **kwargs)
-        gc.collect()
-    return results
+    return one_engine_after_another(run_families, model, runs)
 
 
 def _result(llm, S, scripts, prompts, outs) -> dict:
