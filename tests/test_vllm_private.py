@@ -77,6 +77,19 @@ def test_a_changed_output_processor_is_reported(monkeypatch):
     assert any("make_request_output" in p for p in found)
 
 
+def test_the_worker_interface_the_gpu_timed_worker_implements_is_checked(monkeypatch):
+    """benchmarks.gpu_timed's worker answers the CPU worker's two step
+    methods and reads the scheduler output's fields: present on this
+    release, and a change is named."""
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    from vllm_seqhooks.engine.vllm_private.worker_api import worker_api_problems
+
+    assert worker_api_problems() == []
+    monkeypatch.setattr(CPUWorker, "sample_tokens", lambda self, grammar: None)
+    assert any("sample_tokens" in p for p in worker_api_problems())
+
+
 # ----------------------------------------------------------- one port onto vLLM
 #: vLLM classes whose private methods and attributes the engine reaches.
 VLLM_CLASSES = (

@@ -1,0 +1,132 @@
+"""A vLLM worker whose steps take a GPU's time: ``worker_cls`` of the
+GPU-timed engine.
+
+It is the CPU platform's worker (device, KV cache, memory: real, sized by
+the tiny model the engine loads) with the two step methods answered here:
+no forward pass runs. ``execute_model`` follows the scheduler output
+(:class:`.tracker.RequestTracker`), prices the step
+(:class:`.step_model.StepModel`) and queues it on a modelled GPU that runs
+one step at a time; ``sample_tokens`` returns the step's output, which
+becomes available when the modelled GPU finishes the step (a sleep, not
+compute). With async scheduling vLLM's worker process waits for it on its
+output thread while the engine core schedules the next step, as on a GPU
+host; without, the worker waits in line.
+
+Configured through ``additional_config={"gpu_timed": {...}}`` (the keys of
+:func:`.profiles.step_model_for` plus ``filler_token`` and ``stats_path``).
+The worker writes its counters (steps, request-steps, modelled GPU seconds)
+as JSON to
+``stats_path`` from a thread, within a fraction of a second of each change,
+and at shutdown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from vllm_seqhooks.engine.vllm_private.worker_api import (
+    async_output,
+    cpu_worker_class,
+    empty_output,
+    model_runner_output,
+)
+from vllm_seqhooks.scripted.protocol import forcing_plan
+
+from benchmarks.gpu_timed.profiles import step_model_for
+from benchmarks.gpu_timed.tracker import RequestTracker
+
+CONFIG_KEY = "gpu_timed"
+_WRITE_EVERY_S = 0.25
+
+
+class ModelledGpu:
+    """A device that runs one step at a time: a step starts when it is
+    queued and the previous one is done, and lasts its modelled time."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self._clock = clock
+        self.free_at = 0.0
+        self.steps = 0
+        self.request_steps = 0
+        self.busy_s = 0.0
+
+    def queue(self, seconds: float, requests: int) -> float:
+        """Queue a step; returns the clock time it finishes."""
+        start = max(self._clock(), self.free_at)
+        self.free_at = start + seconds
+        self.steps += 1
+        self.request_steps += requests
+        self.busy_s += seconds
+        return self.free_at
+
+    def counters(self) -> dict[str, float]:
+        return {"steps": self.steps, "request_steps": self.request_steps,
+                "modelled_gpu_s": self.busy_s}
+
+
+def _sleep_until(deadline: float) -> None:
+    left = deadline - time.monotonic()
+    if left > 0:
+        time.sleep(left)
+
+
+class GpuTimedWorker(cpu_worker_class()):
+    def __init__(self, vllm_config, *args, **kwargs) -> None:
+        super().__init__(vllm_config, *args, **kwargs)
+        cfg = dict((vllm_config.additional_config or {}).get(CONFIG_KEY) or {})
+        self._filler = int(cfg.pop("filler_token"))
+        stats = cfg.pop("stats_path", None)
+        self._stats_path = Path(stats) if stats else None
+        self._model = step_model_for(**cfg)
+        eos = vllm_config.model_config.hf_text_config.eos_token_id
+        self._tracker = RequestTracker(lambda p: forcing_plan(p, eos) if p else None,
+                                       self._filler)
+        self._gpu = ModelledGpu()
+        self._pending = None
+        if self._stats_path is not None:
+            threading.Thread(target=self._keep_stats_written, daemon=True,
+                             name="gpu-timed-stats").start()
+
+    def execute_model(self, scheduler_output):
+        if scheduler_output.scheduled_spec_decode_tokens:
+            raise ValueError("the GPU-timed worker does not model speculative decoding")
+        step = self._tracker.step(scheduler_output)
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            return empty_output()
+        done_at = self._gpu.queue(self._model.seconds(step.batch), len(step.batch))
+        self._pending = (step, done_at)
+        return None
+
+    def sample_tokens(self, grammar_output):
+        step, done_at = self._pending
+        self._pending = None
+        output = model_runner_output(step.req_ids, step.sampled)
+
+        def when_done():
+            _sleep_until(done_at)
+            return output
+
+        return async_output(when_done)
+
+    def _keep_stats_written(self) -> None:
+        written = None
+        while True:
+            counters = self._gpu.counters()
+            if counters != written:
+                self._write_stats(counters)
+                written = counters
+            time.sleep(_WRITE_EVERY_S)
+
+    def _write_stats(self, counters: dict) -> None:
+        tmp = self._stats_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(counters))
+        tmp.replace(self._stats_path)
+
+    def shutdown(self) -> None:
+        if self._stats_path is not None:
+            self._write_stats(self._gpu.counters())
+        super().shutdown()

@@ -1,0 +1,141 @@
+"""The GPU-timed engine's parts that decide (benchmarks.gpu_timed): the step
+model's roofline and what the worker's tracker samples and prices, step by
+step, from scheduler outputs. Pure: no vLLM engine starts here (the engine
+itself runs in ``python -m benchmarks.gpu_timed --smoke``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks.gpu_timed.profiles import parse_profile, step_model_for
+from benchmarks.gpu_timed.step_model import Calibration, Gpu, Model, StepModel
+from benchmarks.gpu_timed.tracker import RequestTracker
+
+GPU = Gpu("test", hbm_bytes_per_s=1e12, dense_bf16_flops=100e12)
+MODEL = Model("test", params=1.1e9, layers=10, hidden=1000, heads=8, kv_heads=2,
+              head_dim=125, vocab=100_000, tied_embeddings=False)
+EXACT = Calibration(bandwidth_efficiency=1.0, flops_efficiency=1.0, overhead_s=0.0)
+
+
+def test_a_decode_step_streams_the_weights_once_and_each_context():
+    sm = StepModel(GPU, MODEL, EXACT)
+    kv = 2 * 10 * 2 * 125 * 2  # K and V, layers, KV heads, head dim, bf16
+    assert MODEL.kv_bytes_per_token == kv
+    weights = (1.1e9 - 1e8) * 2  # the input embedding table is not streamed
+    one = sm.cost([(1, 100)])
+    assert one.bytes == pytest.approx(weights + 101 * kv)
+    assert one.seconds == pytest.approx(one.bytes / 1e12)
+    many = sm.cost([(1, 100)] * 64)
+    assert many.bytes == pytest.approx(weights + 64 * 101 * kv)
+    assert one.seconds < many.seconds < 64 * one.seconds
+
+
+def test_a_long_prefill_is_compute_bound_and_overhead_adds_per_step():
+    sm = StepModel(GPU, MODEL, Calibration(0.5, 0.5, 0.002))
+    chunk = sm.cost([(4096, 4096)])
+    assert chunk.compute_s > chunk.memory_s
+    assert chunk.seconds == pytest.approx(chunk.compute_s + 0.002)
+    assert sm.cost([]).seconds == 0.0
+    # Attention pairs: a chunk of 2 after 3 computed tokens sees 3+1 and 3+2.
+    pairs = sm.cost([(2, 5)], sampled_rows=0).flops - 2 * MODEL.matmul_params * 2
+    assert pairs == pytest.approx(4 * 10 * 8 * 125 * (4 + 5))
+
+
+def test_the_h100_profiles_meet_their_calibration_point():
+    # Qwen3-8B at batch 1, ~350 tokens of context: 7.28 ms measured (the page).
+    assert step_model_for("h100-sxm", "qwen3-8b").seconds([(1, 350)]) == pytest.approx(
+        7.28e-3, rel=0.03)
+    with pytest.raises(ValueError, match="known: h100-sxm/"):
+        parse_profile("h100/qwen3-8b")
+
+
+class _Plan:
+    def __init__(self, script, sampled_before=0):
+        self.script, self.sampled_before = script, sampled_before
+
+    def token_at(self, k):
+        return self.script[k] if k < len(self.script) else None
+
+
+def _out(new=(), cached=(), scheduled=None, finished=()):
+    cached = list(cached)
+    return SimpleNamespace(
+        scheduled_new_reqs=[SimpleNamespace(req_id=r, prompt_token_ids=p, sampling_params=sp,
+                                            num_computed_tokens=c) for r, p, sp, c in new],
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[c[0] for c in cached], num_computed_tokens=[c[1] for c in cached],
+            resumed_req_ids={c[0] for c in cached if len(c) > 2},
+            all_token_ids={c[0]: c[2] for c in cached if len(c) > 2 and c[2] is not None},
+            num_output_tokens=[c[3] if len(c) > 3 else 0 for c in cached]),
+        num_scheduled_tokens=dict(scheduled or {}), finished_req_ids=set(finished))
+
+
+def test_a_request_samples_its_script_once_its_prompt_is_computed():
+    tr = RequestTracker(lambda sp: sp, filler_token=9)
+    plan = _Plan([70, 71, 72])
+    step = tr.step(_out(new=[("a", [1] * 10, plan, 0)], scheduled={"a": 6}))
+    assert step.batch == [(6, 6)] and step.sampled == {}           # a chunk: nothing yet
+    step = tr.step(_out(cached=[("a", 6)], scheduled={"a": 4}))
+    assert step.batch == [(4, 10)] and step.sampled == {"a": 70}
+    step = tr.step(_out(cached=[("a", 10)], scheduled={"a": 1}))
+    assert step.sampled == {"a": 71}
+    # Unscripted: the filler token, for as long as the engine schedules it.
+    step = tr.step(_out(new=[("b", [1, 2], None, 0)], cached=[("a", 11)],
+                        scheduled={"a": 1, "b": 2}))
+    assert step.req_ids == ["a", "b"] and step.sampled == {"a": 72, "b": 9}
+    step = tr.step(_out(cached=[("b", 2)], scheduled={"b": 1}, finished=["a"]))
+    assert step.sampled == {"b": 9} and len(tr) == 1
+
+
+def test_a_rejoined_parent_continues_its_script_after_the_merged_tokens():
+    tr = RequestTracker(lambda sp: sp, filler_token=9)
+    tr.step(_out(new=[("p", [1, 2], _Plan([5, 6, 7, 8]), 0)], scheduled={"p": 2}))
+    # Re-added after a join: the merged context is its prompt, the tokens it
+    # sampled before are counted, only the uncomputed tail is scheduled.
+    step = tr.step(_out(new=[("p", [1, 2, 5, 30, 31, 32], _Plan([5, 6, 7, 8], 1), 3)],
+                        scheduled={"p": 3}, finished=["p"]))
+    assert step.batch == [(3, 6)] and step.sampled == {"p": 6}
+
+
+def test_a_request_resumed_after_preemption_counts_its_outputs():
+    tr = RequestTracker(lambda sp: sp, filler_token=9)
+    tr.step(_out(new=[("a", [1, 2], _Plan([5, 6, 7]), 0)], scheduled={"a": 2}))
+    step = tr.step(_out(cached=[("a", 0, [1, 2, 5, 6], 2)], scheduled={"a": 4}))
+    assert step.batch == [(4, 4)] and step.sampled == {"a": 7}
+
+
+def test_traces_have_threadweavers_published_lengths():
+    import random
+    import statistics
+
+    from benchmarks.gpu_timed.traces import TABLE8, draw_trace
+
+    rng = random.Random(0)
+    traces = [draw_trace(rng) for _ in range(3000)]
+    threads = [n for t in traces for b in t.blocks for n in b]
+    blocks = [b for t in traces for b in t.blocks]
+    assert statistics.mean(len(b) for b in blocks) == pytest.approx(2.46, rel=0.02)
+    assert statistics.mean(threads) == pytest.approx(TABLE8["tokens_per_thread"], rel=0.06)
+    assert statistics.mean(max(b) for b in blocks) == pytest.approx(1878, rel=0.06)
+    assert statistics.mean(t.total_tokens for t in traces) == pytest.approx(
+        TABLE8["total"], rel=0.06)
+    assert statistics.mean(t.critical_path_tokens for t in traces) == pytest.approx(
+        TABLE8["critical_path"], rel=0.06)
+
+
+def test_a_trace_is_written_in_threadweavers_tags_with_its_lengths():
+    import random
+
+    from benchmarks.gpu_timed.traces import draw_trace, trace_text
+
+    trace = draw_trace(random.Random(1), scale=0.05, blocks=2)
+    text = trace_text(trace, random.Random(2))
+    threads = [n for b in trace.blocks for n in b]
+    assert len(text.children) == len(threads)
+    assert [len(c) - len("</Thread>") for c in text.children.values()] == threads
+    assert text.parent.count("</Outlines>") == 2 and text.parent.count("</Parallel>") == 2
+    assert text.sequential.count("<Thread>") == len(threads)
+    # The sequential trace writes every thread in full, with its header.
+    assert all(body in text.sequential for body in text.children.values())
