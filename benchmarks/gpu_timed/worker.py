@@ -14,8 +14,8 @@ host; without, the worker waits in line.
 
 Configured through ``additional_config={"gpu_timed": {...}}`` (the keys of
 :func:`.profiles.step_model_for` plus ``filler_token`` and ``stats_path``).
-The worker writes its counters (steps, request-steps, modelled GPU seconds)
-as JSON to
+The worker writes its counters (steps, request-steps, modelled GPU seconds;
+and whether async scheduling is on) as JSON to
 ``stats_path`` from a thread, within a fraction of a second of each change,
 and at shutdown.
 """
@@ -86,6 +86,7 @@ class GpuTimedWorker(cpu_worker_class()):
         self._tracker = RequestTracker(lambda p: forcing_plan(p, eos) if p else None,
                                        self._filler)
         self._gpu = ModelledGpu()
+        self._async = bool(vllm_config.scheduler_config.async_scheduling)
         self._pending = None
         if self._stats_path is not None:
             threading.Thread(target=self._keep_stats_written, daemon=True,
@@ -123,7 +124,7 @@ class GpuTimedWorker(cpu_worker_class()):
 
     def _write_stats(self, counters: dict) -> None:
         tmp = self._stats_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(counters))
+        tmp.write_text(json.dumps({**counters, "async_scheduling": self._async}))
         tmp.replace(self._stats_path)
 
     def shutdown(self) -> None:
