@@ -8,6 +8,13 @@
 # first time with scripts/setup_vllm033.sh). All always run; the
 # exit status is non-zero if any fails (pytest's 5, "no tests collected",
 # included). Extra arguments go to pytest.
+#
+# Two lanes: the vLLM 0.33 part runs beside the 0.32 part, its output kept in
+# .test-times/vllm033.log and printed when both are done, every process on
+# one OpenMP thread (one lane left the 2-core machine's CPU a quarter idle:
+# engines starting, subprocesses waited on; two lanes of torch's thread per
+# core would spin against each other). SEQHOOKS_TEST_LANES=1 runs the parts
+# one after the other (torch's own thread count).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -22,25 +29,40 @@ if [ -n "${SEQHOOKS_TEST_BACKGROUND_LOAD:-}" ]; then
   LOAD_PID=$!
   trap 'kill "$LOAD_PID" 2>/dev/null' EXIT
 fi
-PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
-# Each test file's seconds and engine / vllm serve start-ups, printed at the
-# end of each pytest run and kept in .test-times/ (tests/support/startup_log.py).
+LANES=${SEQHOOKS_TEST_LANES:-2}
 mkdir -p .test-times
-export SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm032.log
-: > "$SEQHOOKS_TEST_STARTUP_LOG"
-SEQHOOKS_TEST_TABLE=.test-times/vllm032.md "$PY" -m pytest tests --durations=30 "$@" || status=$?
 # vLLM 0.33 (scripts/test_vllm033.sh, in .venv033: scripts/setup_vllm033.sh);
 # SEQHOOKS_NO_VLLM033=1 leaves it out (said, not silent).
-if [ "${SEQHOOKS_NO_VLLM033:-}" = "1" ]; then
-  echo "test.sh: SEQHOOKS_NO_VLLM033=1: the vLLM 0.33 tests were NOT run" >&2
-else
+run_vllm033() {
   # (built here the first time: about a minute, 4 GB; not by setup.sh, which
   # users run to install)
   if [ -x "${VENV033:-.venv033}/bin/python" ] || bash scripts/setup_vllm033.sh; then
-    bash scripts/test_vllm033.sh "$@" || status=$?
+    bash scripts/test_vllm033.sh "$@"
   else
     echo "test.sh: building the vLLM 0.33 test venv failed" >&2
-    status=1
+    return 1
   fi
+}
+LANE_PID=
+if [ "${SEQHOOKS_NO_VLLM033:-}" = "1" ]; then
+  echo "test.sh: SEQHOOKS_NO_VLLM033=1: the vLLM 0.33 tests were NOT run" >&2
+elif [ "$LANES" = "2" ]; then
+  export OMP_NUM_THREADS=1
+  echo "test.sh: the vLLM 0.33 part runs beside the 0.32 part (output: .test-times/vllm033.log, printed at the end)" >&2
+  run_vllm033 "$@" > .test-times/vllm033.log 2>&1 &
+  LANE_PID=$!
+fi
+PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
+# Each test file's seconds and engine / vllm serve start-ups, printed at the
+# end of each pytest run and kept in .test-times/ (tests/support/startup_log.py).
+export SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm032.log
+: > "$SEQHOOKS_TEST_STARTUP_LOG"
+SEQHOOKS_TEST_TABLE=.test-times/vllm032.md "$PY" -m pytest tests --durations=30 "$@" || status=$?
+if [ -n "$LANE_PID" ]; then
+  wait "$LANE_PID" || status=$?
+  echo "=== test.sh: the vLLM 0.33 part (.test-times/vllm033.log) ==="
+  cat .test-times/vllm033.log
+elif [ "${SEQHOOKS_NO_VLLM033:-}" != "1" ]; then
+  run_vllm033 "$@" || status=$?
 fi
 exit "$status"
