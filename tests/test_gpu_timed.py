@@ -139,3 +139,25 @@ def test_a_trace_is_written_in_threadweavers_tags_with_its_lengths():
     assert text.sequential.count("<Thread>") == len(threads)
     # The sequential trace writes every thread in full, with its header.
     assert all(body in text.sequential for body in text.children.values())
+
+
+def test_the_scheduler_clock_times_each_call_and_counts_steps_that_compute():
+    from benchmarks.gpu_timed.timed_scheduler import SchedulerClock
+
+    clock = SchedulerClock()
+
+    def busy(out):
+        t = 0
+        for i in range(20000):
+            t += i
+        return out
+
+    schedule = clock.wrap("schedule", busy)
+    for tokens in ({"a": 1, "b": 1}, {}):
+        out = schedule(SimpleNamespace(total_num_scheduled_tokens=len(tokens),
+                                       num_scheduled_tokens=tokens))
+        clock.count(out)
+    counters = clock.counters()
+    assert counters["steps"] == 1 and counters["request_steps"] == 2
+    assert counters["schedule_cpu_s"] > 0 and counters["update_from_output_cpu_s"] == 0
+    assert counters["scheduler_cpu_s"] == counters["schedule_cpu_s"]

@@ -6,14 +6,29 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.gpu_timed.profiles import parse_profile
+from benchmarks.gpu_timed.timed_scheduler import TIMED_SCHEDULER_PATH
 
 WORKER_CLS = "benchmarks.gpu_timed.worker.GpuTimedWorker"
 
 
-def gpu_timed_engine_args(profile: str, *, filler_token: int,
-                          stats_path: str | None = None) -> dict[str, Any]:
+def gpu_timed_engine_args(profile: str, *, filler_token: int, stats_path: str | None = None,
+                          scheduler_stats_path: str | None = None,
+                          hooks: bool = False) -> dict[str, Any]:
+    """``stats_path``: the worker's counters; ``scheduler_stats_path``: the
+    scheduler's times (:mod:`.timed_scheduler`; for an engine with hooks,
+    call :func:`.timed_scheduler.time_the_hook_scheduler` first)."""
     gpu, model = parse_profile(profile)
     config: dict[str, Any] = {"gpu": gpu, "model": model, "filler_token": filler_token}
     if stats_path is not None:
         config["stats_path"] = str(stats_path)
-    return {"worker_cls": WORKER_CLS, "additional_config": {"gpu_timed": config}}
+    args: dict[str, Any] = {"worker_cls": WORKER_CLS}
+    if scheduler_stats_path is not None:
+        config["scheduler_stats_path"] = str(scheduler_stats_path)
+        if hooks:
+            from vllm_seqhooks.engine import SCHEDULER_CLASS_PATH
+
+            config["scheduler_cls"] = SCHEDULER_CLASS_PATH
+        else:
+            args["scheduler_cls"] = TIMED_SCHEDULER_PATH
+    args["additional_config"] = {"gpu_timed": config}
+    return args

@@ -12,8 +12,9 @@ compute). With async scheduling vLLM's worker process waits for it on its
 output thread while the engine core schedules the next step, as on a GPU
 host; without, the worker waits in line.
 
-Configured through ``additional_config={"gpu_timed": {...}}`` (the keys of
-:func:`.profiles.step_model_for` plus ``filler_token`` and ``stats_path``).
+Configured through ``additional_config={"gpu_timed": {...}}`` (``gpu``,
+``model``, ``filler_token``, ``stats_path``:
+:func:`.engine_args.gpu_timed_engine_args` writes them).
 The worker writes its counters (steps, request-steps, modelled GPU seconds;
 and whether async scheduling is on) as JSON to
 ``stats_path`` from a thread, within a fraction of a second of each change,
@@ -77,11 +78,11 @@ def _sleep_until(deadline: float) -> None:
 class GpuTimedWorker(cpu_worker_class()):
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
-        cfg = dict((vllm_config.additional_config or {}).get(CONFIG_KEY) or {})
-        self._filler = int(cfg.pop("filler_token"))
-        stats = cfg.pop("stats_path", None)
+        cfg = (vllm_config.additional_config or {}).get(CONFIG_KEY) or {}
+        self._filler = int(cfg["filler_token"])
+        stats = cfg.get("stats_path")
         self._stats_path = Path(stats) if stats else None
-        self._model = step_model_for(**cfg)
+        self._model = step_model_for(cfg["gpu"], cfg["model"])
         eos = vllm_config.model_config.hf_text_config.eos_token_id
         self._tracker = RequestTracker(lambda p: forcing_plan(p, eos) if p else None,
                                        self._filler)

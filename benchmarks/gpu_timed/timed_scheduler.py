@@ -1,0 +1,122 @@
+"""The engine's host work per step: the scheduler's calls, timed.
+
+CPU time of the engine core's process says little here: vLLM's shared-memory
+queues busy-poll (a reader spins for a second after each read), so the
+engine core's main thread burns its core while it waits for the worker,
+exactly as long as the modelled GPU step. What the host must do each step
+is the scheduler's work: ``schedule()``, ``update_from_output()`` (where the
+hook scheduler spawns and joins) and ``add_request()`` (a client's
+requests), which :class:`TimedScheduler` times in thread CPU seconds.
+
+``TimedScheduler`` is a ``scheduler_cls``: it builds the scheduler the
+engine would have had (vLLM's own, sync or async, or the one named by
+``additional_config["gpu_timed"]["scheduler_cls"]``, the hook scheduler's
+factory for an engine with hooks) and wraps those three methods of the
+instance. Its counters go, as JSON, to
+``additional_config["gpu_timed"]["scheduler_stats_path"]`` from a thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+TIMED_SCHEDULER_PATH = "benchmarks.gpu_timed.timed_scheduler.TimedScheduler"
+_WRITE_EVERY_S = 0.25
+_TIMED = ("schedule", "update_from_output", "add_request")
+
+
+class SchedulerClock:
+    """Thread CPU seconds in each timed call, and the steps that scheduled
+    tokens."""
+
+    def __init__(self) -> None:
+        self.cpu_s = dict.fromkeys(_TIMED, 0.0)
+        self.steps = 0
+        self.request_steps = 0
+
+    def wrap(self, name: str, method):
+        cpu_s = self.cpu_s
+
+        def timed(*args: Any, **kwargs: Any):
+            t0 = time.thread_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                cpu_s[name] += time.thread_time() - t0
+
+        return timed
+
+    def count(self, scheduler_output: Any) -> None:
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self.steps += 1
+            self.request_steps += len(scheduler_output.num_scheduled_tokens)
+
+    def counters(self) -> dict[str, float]:
+        return {"steps": self.steps, "request_steps": self.request_steps,
+                **{f"{k}_cpu_s": v for k, v in self.cpu_s.items()},
+                "scheduler_cpu_s": sum(self.cpu_s.values())}
+
+
+def _inner_class(vllm_config: Any, path: str | None) -> type:
+    if path:
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+
+        return resolve_obj_by_qualname(path)
+    if vllm_config.scheduler_config.async_scheduling:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        return AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return Scheduler
+
+
+class TimedScheduler:
+    def __new__(cls, *args: Any, **kwargs: Any):
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        cfg = (vllm_config.additional_config or {}).get("gpu_timed") or {}
+        scheduler = _inner_class(vllm_config, cfg.get("scheduler_cls"))(*args, **kwargs)
+        clock = SchedulerClock()
+        for name in _TIMED:
+            setattr(scheduler, name, clock.wrap(name, getattr(scheduler, name)))
+        schedule = scheduler.schedule
+
+        def counted_schedule(*a: Any, **kw: Any):
+            out = schedule(*a, **kw)
+            clock.count(out)
+            return out
+
+        scheduler.schedule = counted_schedule
+        path = cfg.get("scheduler_stats_path")
+        if path:
+            threading.Thread(target=_keep_written, args=(clock, path), daemon=True,
+                             name="gpu-timed-scheduler-stats").start()
+        return scheduler
+
+
+def _keep_written(clock: SchedulerClock, path: str) -> None:
+    written = None
+    while True:
+        counters = clock.counters()
+        if counters != written:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(counters, f)
+            os.replace(tmp, path)
+            written = counters
+        time.sleep(_WRITE_EVERY_S)
+
+
+def time_the_hook_scheduler() -> None:
+    """In this process, engines with hooks get :class:`TimedScheduler`
+    wrapping the hook scheduler (``vllm_seqhooks.LLM`` and the ``vllm
+    serve`` flags install the path this replaces; the timed engine reads the
+    hook scheduler's path from ``additional_config``, see
+    :func:`.engine_args.gpu_timed_engine_args`)."""
+    from vllm_seqhooks.engine import engine_args
+
+    engine_args.SCHEDULER_CLASS_PATH = TIMED_SCHEDULER_PATH
