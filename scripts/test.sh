@@ -13,8 +13,12 @@
 # .test-times/vllm033.log and printed when both are done, every process on
 # one OpenMP thread (one lane left the 2-core machine's CPU a quarter idle:
 # engines starting, subprocesses waited on; two lanes of torch's thread per
-# core would spin against each other). SEQHOOKS_TEST_LANES=1 runs the parts
-# one after the other (torch's own thread count).
+# core would spin against each other). The second lane then runs three 0.32
+# files that wait on subprocesses for minutes (Ray clusters, the wheel's
+# installs, verl's example), which balances the lanes (measured: the 0.33 lane
+# ended 11 minutes before the 0.32 lane without them). SEQHOOKS_TEST_LANES=1
+# runs everything in one lane, one part after the other (torch's own thread
+# count); so do extra pytest arguments (a selection may leave a lane nothing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -30,6 +34,8 @@ if [ -n "${SEQHOOKS_TEST_BACKGROUND_LOAD:-}" ]; then
   trap 'kill "$LOAD_PID" 2>/dev/null' EXIT
 fi
 LANES=${SEQHOOKS_TEST_LANES:-2}
+[ "$#" -gt 0 ] && LANES=1
+LANE2_032_FILES=(tests/test_ray.py tests/test_wheel.py tests/test_verl.py)
 mkdir -p .test-times
 # vLLM 0.33 (scripts/test_vllm033.sh, in .venv033: scripts/setup_vllm033.sh);
 # SEQHOOKS_NO_VLLM033=1 leaves it out (said, not silent).
@@ -43,24 +49,36 @@ run_vllm033() {
     return 1
   fi
 }
+# The second lane: the 0.33 part, then LANE2_032_FILES on 0.32.
+second_lane() {
+  local lane_status=0
+  run_vllm033 || lane_status=$?
+  SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm032-lane2.log
+  : > "$SEQHOOKS_TEST_STARTUP_LOG"
+  SEQHOOKS_TEST_STARTUP_LOG=$SEQHOOKS_TEST_STARTUP_LOG SEQHOOKS_TEST_TABLE=.test-times/vllm032-lane2.md \
+    "$PY" -m pytest "${LANE2_032_FILES[@]}" --durations=10 || lane_status=$?
+  return "$lane_status"
+}
 LANE_PID=
+LANE1_IGNORES=()
 if [ "${SEQHOOKS_NO_VLLM033:-}" = "1" ]; then
   echo "test.sh: SEQHOOKS_NO_VLLM033=1: the vLLM 0.33 tests were NOT run" >&2
 elif [ "$LANES" = "2" ]; then
   export OMP_NUM_THREADS=1
-  echo "test.sh: the vLLM 0.33 part runs beside the 0.32 part (output: .test-times/vllm033.log, printed at the end)" >&2
-  run_vllm033 "$@" > .test-times/vllm033.log 2>&1 &
+  echo "test.sh: a second lane runs the vLLM 0.33 part, then ${LANE2_032_FILES[*]} (output: .test-times/vllm033.log, printed at the end)" >&2
+  second_lane > .test-times/vllm033.log 2>&1 &
   LANE_PID=$!
+  for f in "${LANE2_032_FILES[@]}"; do LANE1_IGNORES+=("--ignore=$f"); done
 fi
 PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
 # Each test file's seconds and engine / vllm serve start-ups, printed at the
 # end of each pytest run and kept in .test-times/ (tests/support/startup_log.py).
 export SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm032.log
 : > "$SEQHOOKS_TEST_STARTUP_LOG"
-SEQHOOKS_TEST_TABLE=.test-times/vllm032.md "$PY" -m pytest tests --durations=30 "$@" || status=$?
+SEQHOOKS_TEST_TABLE=.test-times/vllm032.md "$PY" -m pytest tests "${LANE1_IGNORES[@]}" --durations=30 "$@" || status=$?
 if [ -n "$LANE_PID" ]; then
   wait "$LANE_PID" || status=$?
-  echo "=== test.sh: the vLLM 0.33 part (.test-times/vllm033.log) ==="
+  echo "=== test.sh: the second lane: the vLLM 0.33 part, then ${LANE2_032_FILES[*]} on 0.32 (.test-times/vllm033.log) ==="
   cat .test-times/vllm033.log
 elif [ "${SEQHOOKS_NO_VLLM033:-}" != "1" ]; then
   run_vllm033 "$@" || status=$?
