@@ -15,5 +15,7 @@ as long as a named GPU would take for a named model, and no model runs:
 * :mod:`.timed_scheduler`: the scheduler's calls timed in the engine core
   (thread CPU; the process's CPU time counts vLLM's busy-polling);
 * :mod:`.traces`: parallel-reasoning traces in ThreadWeaver's format with
-  ThreadWeaver's published lengths.
+  ThreadWeaver's published lengths;
+* :mod:`.families`: those traces on one GPU-timed engine, in-process
+  (native, sequential, the in-process loop): the first piece of the grid.
 """
