@@ -12,6 +12,7 @@ as long as a named GPU would take for a named model, and no model runs:
 * :mod:`.worker`: the ``worker_cls`` (vLLM's CPU worker with the two step
   methods answered by a modelled GPU); :mod:`.engine_args`: the engine
   arguments that select it; :mod:`.serve`: ``vllm serve`` on it;
+* :mod:`.stats_file`: the counters files both write;
 * :mod:`.timed_scheduler`: the scheduler's calls timed in the engine core
   (thread CPU; the process's CPU time counts vLLM's busy-polling);
 * :mod:`.traces`: parallel-reasoning traces in ThreadWeaver's format with

@@ -18,14 +18,12 @@ instance. Its counters go, as JSON, to
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 import time
 from typing import Any
 
+from benchmarks.gpu_timed.stats_file import keep_stats_written
+
 TIMED_SCHEDULER_PATH = "benchmarks.gpu_timed.timed_scheduler.TimedScheduler"
-_WRITE_EVERY_S = 0.25
 _TIMED = ("schedule", "update_from_output", "add_request")
 
 
@@ -93,22 +91,8 @@ class TimedScheduler:
         scheduler.schedule = counted_schedule
         path = cfg.get("scheduler_stats_path")
         if path:
-            threading.Thread(target=_keep_written, args=(clock, path), daemon=True,
-                             name="gpu-timed-scheduler-stats").start()
+            keep_stats_written(path, clock.counters, "gpu-timed-scheduler-stats")
         return scheduler
-
-
-def _keep_written(clock: SchedulerClock, path: str) -> None:
-    written = None
-    while True:
-        counters = clock.counters()
-        if counters != written:
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(counters, f)
-            os.replace(tmp, path)
-            written = counters
-        time.sleep(_WRITE_EVERY_S)
 
 
 def time_the_hook_scheduler() -> None:

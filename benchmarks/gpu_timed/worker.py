@@ -23,11 +23,7 @@ and at shutdown.
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 import time
-from pathlib import Path
 
 from vllm_seqhooks.engine.vllm_private.worker_api import (
     async_output,
@@ -38,10 +34,10 @@ from vllm_seqhooks.engine.vllm_private.worker_api import (
 from vllm_seqhooks.scripted.protocol import forcing_plan
 
 from benchmarks.gpu_timed.profiles import step_model_for
+from benchmarks.gpu_timed.stats_file import keep_stats_written, write_stats
 from benchmarks.gpu_timed.tracker import RequestTracker
 
 CONFIG_KEY = "gpu_timed"
-_WRITE_EVERY_S = 0.25
 
 
 class ModelledGpu:
@@ -80,8 +76,7 @@ class GpuTimedWorker(cpu_worker_class()):
         super().__init__(vllm_config, *args, **kwargs)
         cfg = (vllm_config.additional_config or {}).get(CONFIG_KEY) or {}
         self._filler = int(cfg["filler_token"])
-        stats = cfg.get("stats_path")
-        self._stats_path = Path(stats) if stats else None
+        self._stats_path = cfg.get("stats_path")
         self._model = step_model_for(cfg["gpu"], cfg["model"])
         eos = vllm_config.model_config.hf_text_config.eos_token_id
         self._tracker = RequestTracker(lambda p: forcing_plan(p, eos) if p else None,
@@ -90,8 +85,7 @@ class GpuTimedWorker(cpu_worker_class()):
         self._async = bool(vllm_config.scheduler_config.async_scheduling)
         self._pending = None
         if self._stats_path is not None:
-            threading.Thread(target=self._keep_stats_written, daemon=True,
-                             name="gpu-timed-stats").start()
+            keep_stats_written(self._stats_path, self._counters, "gpu-timed-stats")
 
     def execute_model(self, scheduler_output):
         if scheduler_output.scheduled_spec_decode_tokens:
@@ -114,21 +108,10 @@ class GpuTimedWorker(cpu_worker_class()):
 
         return async_output(when_done)
 
-    def _keep_stats_written(self) -> None:
-        written = None
-        while True:
-            counters = self._gpu.counters()
-            if counters != written:
-                self._write_stats(counters)
-                written = counters
-            time.sleep(_WRITE_EVERY_S)
-
-    def _write_stats(self, counters: dict) -> None:
-        tmp = self._stats_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**counters, "async_scheduling": self._async}))
-        tmp.replace(self._stats_path)
+    def _counters(self) -> dict:
+        return {**self._gpu.counters(), "async_scheduling": self._async}
 
     def shutdown(self) -> None:
         if self._stats_path is not None:
-            self._write_stats(self._gpu.counters())
+            write_stats(self._stats_path, self._counters())
         super().shutdown()
