@@ -152,7 +152,7 @@ async def http_loop_family(client, model: str, hooks, codec, prompt: list[int], 
     from vllm_seqhooks.formats.tag_format_scanner import TagFormatScanner
 
     fmt = hooks.tag_format
-    context, sampled, computed, out = list(prompt), 0, 0, []
+    context, sampled, computed, out, spawned = list(prompt), 0, 0, [], 0
     scanner = TagFormatScanner(fmt, codec, may_fork=True, ends_at_tag=False, max_children=16)
 
     async def call(ids, max_tokens, stop, extra):
@@ -183,9 +183,11 @@ async def http_loop_family(client, model: str, hooks, codec, prompt: list[int], 
         prompts = [child_prompt(codec, fmt, context, fork.tag_start, label)[0]
                    for label in fork.labels]
         budget = max(1, sp.max_tokens - sampled)
+        # Children keys count in promise order over all the parent's forks.
         kids = await asyncio.gather(*[
-            call(p, budget, fmt.child_end_tag, {CHILD_KEY_ARG: str(i)})
+            call(p, budget, fmt.child_end_tag, {CHILD_KEY_ARG: str(spawned + i)})
             for i, p in enumerate(prompts)])
+        spawned += len(prompts)
         children, closed = [], True
         for label, (toks, ch, cost) in zip(fork.labels, kids):
             computed += cost

@@ -13,10 +13,11 @@
 # .test-times/vllm033.log and printed when both are done, every process on
 # one OpenMP thread (one lane left the 2-core machine's CPU a quarter idle:
 # engines starting, subprocesses waited on; two lanes of torch's thread per
-# core would spin against each other). The second lane then runs three 0.32
+# core would spin against each other). The second lane then runs four 0.32
 # files that wait on subprocesses for minutes (Ray clusters, the wheel's
-# installs, verl's example), which balances the lanes (measured: the 0.33 lane
-# ended 11 minutes before the 0.32 lane without them). SEQHOOKS_TEST_LANES=1
+# installs, verl's example, the GPU-timed grid's servers), which balances the
+# lanes (measured: the 0.33 lane ended 11 minutes before the 0.32 lane
+# without the first three, 79 s before with them). SEQHOOKS_TEST_LANES=1
 # runs everything in one lane, one part after the other (torch's own thread
 # count); so do extra pytest arguments (a selection may leave a lane nothing).
 set -uo pipefail
@@ -35,7 +36,7 @@ if [ -n "${SEQHOOKS_TEST_BACKGROUND_LOAD:-}" ]; then
 fi
 LANES=${SEQHOOKS_TEST_LANES:-2}
 [ "$#" -gt 0 ] && LANES=1
-LANE2_032_FILES=(tests/test_ray.py tests/test_wheel.py tests/test_verl.py)
+LANE2_032_FILES=(tests/test_ray.py tests/test_wheel.py tests/test_verl.py tests/test_gpu_timed_grid.py)
 mkdir -p .test-times
 # vLLM 0.33 (scripts/test_vllm033.sh, in .venv033: scripts/setup_vllm033.sh);
 # SEQHOOKS_NO_VLLM033=1 leaves it out (said, not silent).

@@ -217,6 +217,12 @@ REGISTRY: dict[tuple[str, str], Handler] = {
     }),
     ("docs/benchmarks/serve_load.md", "benchmarks.serve_load --requests 200"):
         Options(_BENCH_REASON),
+    ("docs/benchmarks/gpu_timed_model.md", "python -m benchmarks.gpu_timed --smoke"): Mixed({
+        r"--smoke": CI("tests/test_gpu_timed_grid.py", '"-m", "benchmarks.gpu_timed", "--smoke"'),
+        r"-m benchmarks\.gpu_timed(?!.*--smoke)": Options(
+            "the GPU-timed grid: two servers per profile and minutes of modelled GPU steps on "
+            "both cores; CI runs its smoke (tests/test_gpu_timed_grid.py)"),
+    }),
     # --------------------------------------------------------- docs/formats
     ("docs/formats/README.md", "--seqhooks npr --fork-min-tokens 64"): Flags(),
     ("docs/formats/README.md", 'LLM(model, special_kwargs="threadweaver")'): Kwargs(),

@@ -73,7 +73,7 @@ def _out(new=(), cached=(), scheduled=None, finished=()):
 
 
 def test_a_request_samples_its_script_once_its_prompt_is_computed():
-    tr = RequestTracker(lambda sp: sp, filler_token=9)
+    tr = RequestTracker(lambda new: new.sampling_params, filler_token=9)
     plan = _Plan([70, 71, 72])
     step = tr.step(_out(new=[("a", [1] * 10, plan, 0)], scheduled={"a": 6}))
     assert step.batch == [(6, 6)] and step.sampled == {}           # a chunk: nothing yet
@@ -90,7 +90,7 @@ def test_a_request_samples_its_script_once_its_prompt_is_computed():
 
 
 def test_a_rejoined_parent_continues_its_script_after_the_merged_tokens():
-    tr = RequestTracker(lambda sp: sp, filler_token=9)
+    tr = RequestTracker(lambda new: new.sampling_params, filler_token=9)
     tr.step(_out(new=[("p", [1, 2], _Plan([5, 6, 7, 8]), 0)], scheduled={"p": 2}))
     # Re-added after a join: the merged context is its prompt, the tokens it
     # sampled before are counted, only the uncomputed tail is scheduled.
@@ -100,7 +100,7 @@ def test_a_rejoined_parent_continues_its_script_after_the_merged_tokens():
 
 
 def test_a_request_resumed_after_preemption_counts_its_outputs():
-    tr = RequestTracker(lambda sp: sp, filler_token=9)
+    tr = RequestTracker(lambda new: new.sampling_params, filler_token=9)
     tr.step(_out(new=[("a", [1, 2], _Plan([5, 6, 7]), 0)], scheduled={"a": 2}))
     step = tr.step(_out(cached=[("a", 0, [1, 2, 5, 6], 2)], scheduled={"a": 4}))
     assert step.batch == [(4, 4)] and step.sampled == {"a": 7}
@@ -161,3 +161,53 @@ def test_the_scheduler_clock_times_each_call_and_counts_steps_that_compute():
     assert counters["steps"] == 1 and counters["request_steps"] == 2
     assert counters["schedule_cpu_s"] > 0 and counters["update_from_output_cpu_s"] == 0
     assert counters["scheduler_cpu_s"] == counters["schedule_cpu_s"]
+
+
+def test_a_prompt_picks_its_family_and_the_engine_keys_pick_the_part():
+    from benchmarks.gpu_timed.trace_book import TraceBook, prompt_text
+
+    encode = lambda text: [ord(c) for c in text]  # noqa: E731
+    book = TraceBook("native", 0.05, prompt_tokens=16, eos_token_id=2, encode=encode)
+    prompt = encode(prompt_text(0, 16))
+    trace, text = book.family(prompt)
+    args = book.extra_args(prompt, None)
+    assert args["seqhooks_script"] == encode(text.parent)
+    assert args["seqhooks_child_scripts"] == {k: encode(v) for k, v in text.children.items()}
+    assert len(text.children) == sum(len(b) for b in trace.blocks)
+    # A child's prompt starts with its family's; the engine's keys stay.
+    child = book.extra_args(prompt + [7, 8, 9], {"seqhooks_child_key": "1"})
+    assert child["seqhooks_child_key"] == "1"
+    assert child["seqhooks_script"] == args["seqhooks_script"]
+    other = book.extra_args(encode(prompt_text(1, 16)), None)
+    assert other["seqhooks_script"] != args["seqhooks_script"]
+    seq = TraceBook("sequential", 0.05, 16, 2, encode).extra_args(prompt, None)
+    assert seq["seqhooks_script"] == encode(text.sequential)
+    assert "seqhooks_child_scripts" not in seq
+    with pytest.raises(ValueError, match="first 16"):
+        book.extra_args(prompt[:10], None)
+    with pytest.raises(ValueError, match="one of"):
+        TraceBook("loop", 0.05, 16, 2, encode)
+
+
+def test_the_grid_report_gives_the_ratios_per_profile_and_size():
+    from benchmarks.gpu_timed.grid import percentile
+    from benchmarks.gpu_timed.report import markdown, ratios
+
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([1.0, 2.0], 99) == pytest.approx(1.99)
+
+    def r(config, p50, critical=1.0, kept=True):
+        return dict(profile="h100-sxm/qwen3-8b", config=config, families=4,
+                    family_latency_p50_s=p50, family_latency_p99_s=p50, tokens_per_s=1,
+                    engine_steps=1, modelled_gpu_s=1, wall_s=1, engine_cpu_per_step_ms=1,
+                    modelled_step_ms=1, engine_cpu_per_request_step_us=1,
+                    critical_path_s=critical, host_kept_up=kept)
+
+    rows = [r("sequential", 10.0), r("sequential-aa", 10.2), r("loop", 8.0),
+            r("native", 6.0, critical=5.0, kept=False)]
+    (got,) = ratios(rows)
+    assert got == dict(profile="h100-sxm/qwen3-8b", families=4, aa=1.02,
+                       native_vs_sequential=0.6, native_vs_loop=0.75,
+                       native_vs_critical_path=1.2, host_kept_up=False)
+    page = markdown(rows, "python -m benchmarks.gpu_timed --smoke")
+    assert "| h100-sxm/qwen3-8b | 4 | 1.02 | 0.6 | 0.75 | 1.2 | False |" in page

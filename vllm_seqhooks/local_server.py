@@ -51,11 +51,18 @@ def start_server(model: str, *flags: str, log_path: str | os.PathLike,
                  timeout: float = 300, env: dict[str, str] | None = None) -> Server:
     """``vllm serve model *flags`` on a free port of 127.0.0.1; returns once
     ``/health`` answers (raises with the log's tail if it exits or times out)."""
+    port = free_port()
+    cmd = [vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port), *flags]
+    return start_command(cmd, port, log_path=log_path, timeout=timeout, env=env)
+
+
+def start_command(cmd: list[str], port: int, *, log_path: str | os.PathLike,
+                  timeout: float = 300, env: dict[str, str] | None = None) -> Server:
+    """Run ``cmd`` (a server listening on ``port`` of 127.0.0.1) as
+    :func:`start_server` runs ``vllm serve``."""
     import requests
 
-    port = free_port()
     log_path = Path(log_path)
-    cmd = [vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port), *flags]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env=env)

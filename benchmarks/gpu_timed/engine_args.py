@@ -13,12 +13,17 @@ WORKER_CLS = "benchmarks.gpu_timed.worker.GpuTimedWorker"
 
 def gpu_timed_engine_args(profile: str, *, filler_token: int, stats_path: str | None = None,
                           scheduler_stats_path: str | None = None,
-                          hooks: bool = False) -> dict[str, Any]:
+                          hooks: bool = False,
+                          traces: dict[str, Any] | None = None) -> dict[str, Any]:
     """``stats_path``: the worker's counters; ``scheduler_stats_path``: the
     scheduler's times (:mod:`.timed_scheduler`; for an engine with hooks,
-    call :func:`.timed_scheduler.time_the_hook_scheduler` first)."""
+    call :func:`.timed_scheduler.time_the_hook_scheduler` first); ``traces``:
+    families picked by prompts (``mode``, ``scale``, ``prompt_tokens``:
+    :class:`.trace_book.TraceBook`)."""
     gpu, model = parse_profile(profile)
     config: dict[str, Any] = {"gpu": gpu, "model": model, "filler_token": filler_token}
+    if traces is not None:
+        config["traces"] = dict(traces)
     if stats_path is not None:
         config["stats_path"] = str(stats_path)
     args: dict[str, Any] = {"worker_cls": WORKER_CLS}

@@ -35,6 +35,9 @@ _SEQUENTIAL = (TABLE8["total"] - TABLE8["blocks"] * TABLE8["tokens_per_block"]) 
     TABLE8["blocks"] + 1)
 _OUTLINE = TABLE8["tokens_per_block"] - TABLE8["threads_per_block"] * TABLE8["tokens_per_thread"]
 _LETTERS = string.ascii_lowercase + "    "
+#: What the engine (and ThreadWeaver's loop) writes after a block's merged
+#: threads (the format's merge suffix).
+MERGE_SUFFIX = "\n<Conclusion>\n"
 
 
 @dataclass(frozen=True)
@@ -87,9 +90,10 @@ def _text(rng: random.Random, n: int) -> str:
 
 def trace_text(trace: Trace, rng: random.Random) -> TraceText:
     """ThreadWeaver's tags: ``<Parallel>\\n<Outlines>\\n<Outline>1: ...
-    </Outline>...</Outlines>``, then each thread ``\\n<Thread>\\n{i}:`` (the
+    </Outline>...</Outlines>``, then each thread ``<Thread>\\n{i}:`` (the
     header the engine writes) ``...</Thread>``, then ``</Parallel>`` and the
-    sequential text."""
+    sequential text. The sequential text is the merged one: what the engine
+    returns for the family (threads as it joins them, the merge suffix)."""
     parent, sequential, children = [], [], {}
     seq = [_text(rng, n) for n in trace.sequential]
     parent.append(seq[0])
@@ -104,7 +108,7 @@ def trace_text(trace: Trace, rng: random.Random) -> TraceText:
         for i, n in enumerate(threads):
             body = _text(rng, n)
             children[str(len(children))] = body + "</Thread>"
-            sequential.append(f"\n<Thread>\n{i + 1}:{body}</Thread>")
+            sequential.append(f"{'' if i else chr(10)}<Thread>\n{i + 1}:{body}</Thread>")
         parent.append("</Parallel>\n" + seq[b + 1])
-        sequential.append("</Parallel>\n" + seq[b + 1])
+        sequential.append(MERGE_SUFFIX + "</Parallel>\n" + seq[b + 1])
     return TraceText("".join(parent), children, "".join(sequential))

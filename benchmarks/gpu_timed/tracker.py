@@ -40,6 +40,7 @@ class RequestTracker:
     """One per worker; :meth:`step` once per scheduler output, in order."""
 
     def __init__(self, plan_for: Callable[[Any], Any], filler_token: int) -> None:
+        # plan_for(new request of the scheduler output) -> a ForcingPlan or None
         self._plan_for = plan_for
         self._filler = filler_token
         self._requests: dict[str, _Request] = {}
@@ -52,7 +53,7 @@ class RequestTracker:
             self._requests.pop(rid, None)
         computed: dict[str, int] = {}
         for new in out.scheduled_new_reqs:
-            plan = self._plan_for(new.sampling_params)
+            plan = self._plan_for(new)
             self._requests[new.req_id] = _Request(
                 len(new.prompt_token_ids or ()), plan.sampled_before if plan else 0, plan)
             computed[new.req_id] = new.num_computed_tokens

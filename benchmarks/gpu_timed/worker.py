@@ -13,8 +13,11 @@ output thread while the engine core schedules the next step, as on a GPU
 host; without, the worker waits in line.
 
 Configured through ``additional_config={"gpu_timed": {...}}`` (``gpu``,
-``model``, ``filler_token``, ``stats_path``:
-:func:`.engine_args.gpu_timed_engine_args` writes them).
+``model``, ``filler_token``, ``stats_path``, ``traces``:
+:func:`.engine_args.gpu_timed_engine_args` writes them). With ``traces``
+(``mode``, ``scale``, ``prompt_tokens``), a request without a script samples
+the family its prompt picks (:class:`.trace_book.TraceBook`): how plain
+prompts from ``vllm bench serve`` become ThreadWeaver-format families.
 The worker writes its counters (steps, request-steps, modelled GPU seconds;
 and whether async scheduling is on) as JSON to
 ``stats_path`` from a thread, within a fraction of a second of each change,
@@ -24,6 +27,7 @@ and at shutdown.
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 from vllm_seqhooks.engine.vllm_private.worker_api import (
     async_output,
@@ -31,10 +35,12 @@ from vllm_seqhooks.engine.vllm_private.worker_api import (
     empty_output,
     model_runner_output,
 )
-from vllm_seqhooks.scripted.protocol import forcing_plan
+from vllm_seqhooks.scripted.params import encode_script
+from vllm_seqhooks.scripted.protocol import forcing_plan, model_eos_token_id, resolve_script
 
 from benchmarks.gpu_timed.profiles import step_model_for
 from benchmarks.gpu_timed.stats_file import keep_stats_written, write_stats
+from benchmarks.gpu_timed.trace_book import TraceBook
 from benchmarks.gpu_timed.tracker import RequestTracker
 
 CONFIG_KEY = "gpu_timed"
@@ -65,6 +71,16 @@ class ModelledGpu:
                 "modelled_gpu_s": self.busy_s}
 
 
+def _trace_book(cfg, vllm_config, eos: int) -> TraceBook | None:
+    if not cfg:
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vllm_config.model_config.tokenizer)
+    return TraceBook(cfg["mode"], float(cfg["scale"]), int(cfg["prompt_tokens"]), eos,
+                     lambda text: encode_script(tokenizer, text))
+
+
 def _sleep_until(deadline: float) -> None:
     left = deadline - time.monotonic()
     if left > 0:
@@ -78,14 +94,24 @@ class GpuTimedWorker(cpu_worker_class()):
         self._filler = int(cfg["filler_token"])
         self._stats_path = cfg.get("stats_path")
         self._model = step_model_for(cfg["gpu"], cfg["model"])
-        eos = vllm_config.model_config.hf_text_config.eos_token_id
-        self._tracker = RequestTracker(lambda p: forcing_plan(p, eos) if p else None,
-                                       self._filler)
+        self._eos = model_eos_token_id(vllm_config)
+        self._book = _trace_book(cfg.get("traces"), vllm_config, self._eos)
+        self._tracker = RequestTracker(self._plan_for, self._filler)
         self._gpu = ModelledGpu()
         self._async = bool(vllm_config.scheduler_config.async_scheduling)
         self._pending = None
         if self._stats_path is not None:
             keep_stats_written(self._stats_path, self._counters, "gpu-timed-stats")
+
+    def _plan_for(self, new):
+        params = new.sampling_params
+        if params is None:
+            return None
+        if self._book is not None and resolve_script(params.extra_args) is None:
+            params = SimpleNamespace(
+                extra_args=self._book.extra_args(new.prompt_token_ids, params.extra_args),
+                eos_token_id=params.eos_token_id)
+        return forcing_plan(params, self._eos)
 
     def execute_model(self, scheduler_output):
         if scheduler_output.scheduled_spec_decode_tokens:

@@ -1,0 +1,227 @@
+"""One profile's side of the GPU-timed grid (issue 52): ThreadWeaver-format
+families on GPU-timed servers, each configuration at each number of
+families at once, as rows of figures.
+
+Configurations (all over HTTP, async scheduling on, one ``vllm serve`` per
+engine kind, started once per profile):
+
+* ``sequential``: a stock server; each family is one request writing its
+  trace sequentially (the anchors' baseline), sent by ``vllm bench serve``
+  (vLLM's own load generator, called as a library) with a custom dataset of
+  plain prompts; the server's :mod:`.trace_book` picks each family from its
+  prompt.
+* ``sequential-aa``: the same run again on the same server: the A/A control.
+* ``loop``: ThreadWeaver's client loop (:func:`benchmarks.formats.http_loop_family`,
+  this project's loop) over HTTP against the stock server, every family at
+  once; its requests carry their scripts.
+* ``native``: a server with hooks (ThreadWeaver's format), one request per
+  family, by ``vllm bench serve`` as ``sequential``.
+
+Every family of a size has the same trace in every configuration (its
+prompt picks it). A row: per-family latency p50 / p99 (wall seconds; the
+server's modelled GPU keeps the wall clock at GPU speed while the host keeps
+up, ``host_kept_up`` says whether it did), output tokens/s, engine steps,
+modelled GPU seconds, the scheduler's thread-CPU seconds (schedule, update
+from output, add request: :mod:`.timed_scheduler`) and per step against the
+modelled step, and the critical-path limit: each family's longest path
+(sequential text, outlines, the longest thread of each block) at the run's
+mean modelled step time, p50 over families (:func:`critical_path_tokens`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu_timed.trace_book import TraceBook, prompt_text
+
+FORMAT = {"format": "threadweaver", "max_child_depth": 1, "fork_min_tokens": 1}
+CONFIGS = ("sequential", "sequential-aa", "loop", "native")
+PROMPT_TOKENS = 64
+MAX_MODEL_LEN = 4096  # the tiny model's positions
+
+
+@dataclass(frozen=True)
+class Family:
+    prompt: str
+    prompt_ids: list[int]
+    critical_path_tokens: int
+    sequential_tokens: int
+
+
+def families(tokenizer, book: TraceBook, n: int, first: int) -> list[Family]:
+    """``n`` families from prompt ``first`` on, leaving out those whose
+    sequential trace does not fit the context (the tail beyond the tiny
+    model's 4,096 positions: a few at scale 0.125, said in the report)."""
+    out, i = [], first
+    while len(out) < n:
+        prompt = prompt_text(i, PROMPT_TOKENS)
+        i += 1
+        ids = tokenizer(prompt).input_ids
+        trace, text = book.family(ids)
+        seq = len(book.encode(text.sequential))
+        if len(ids) + seq + 1 <= MAX_MODEL_LEN:
+            out.append(Family(prompt, ids, critical_path_tokens(book, trace, text), seq))
+    return out
+
+
+def critical_path_tokens(book: TraceBook, trace, text) -> int:
+    """The tokens a family must sample one after another: the parent's own
+    (sequential text, outlines, tags) and the longest thread of each block
+    (children's keys count in promise order, block after block)."""
+    lengths = [len(book.encode(text.children[str(k)])) for k in range(len(text.children))]
+    longest, k = 0, 0
+    for block in trace.blocks:
+        longest += max(lengths[k:k + len(block)])
+        k += len(block)
+    return len(book.encode(text.parent)) + longest
+
+
+def percentile(values: list[float], p: float) -> float:
+    values = sorted(values)
+    k = (len(values) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def bench_serve(url: str, model: str, fams: list[Family], workdir: Path) -> dict[str, Any]:
+    """vLLM's ``vllm bench serve`` (its ``main``, called here) sending the
+    families' prompts all at once; returns its result (per-request latencies
+    kept). The prompts are vLLM's ``SampleRequest`` rows handed to it in
+    place of a dataset's (``vllm bench serve``'s custom dataset reads JSONL
+    with pandas, which vLLM's CPU build does not install): the same rows as
+    ``dataset-N.jsonl`` in ``workdir``, which ``vllm bench serve --dataset-name
+    custom --dataset-path ... --custom-output-len -1 --skip-chat-template``
+    sends where pandas is installed."""
+    from vllm.benchmarks import serve
+    from vllm.benchmarks.datasets import SampleRequest
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    budget = MAX_MODEL_LEN - len(fams[0].prompt_ids) - 1
+    dataset = workdir / f"dataset-{len(fams)}.jsonl"
+    dataset.write_text("".join(
+        json.dumps({"prompt": f.prompt, "output_tokens": budget}) + "\n" for f in fams))
+    rows = [SampleRequest(prompt=f.prompt, prompt_len=len(f.prompt_ids),
+                          expected_output_len=budget, request_id=f"family-{i}")
+            for i, f in enumerate(fams)]
+    parser = FlexibleArgumentParser()
+    serve.add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", model,
+        "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
+        "--custom-output-len", "-1", "--num-prompts", str(len(fams)),
+        "--max-concurrency", str(len(fams)), "--request-rate", "inf",
+        "--ready-check-timeout-sec", "0", "--num-warmups", "0", "--disable-tqdm",
+        "--save-detailed", "--percentile-metrics", "e2el", "--metric-percentiles", "50,99",
+        "--seed", "0"])
+    get_samples = serve.get_samples
+    serve.get_samples = lambda args, tokenizer: rows
+    try:
+        result = serve.main(args)
+    finally:
+        serve.get_samples = get_samples
+    if result.get("failed"):
+        raise RuntimeError(f"vllm bench serve: {result['failed']} requests failed: "
+                           f"{[e for e in result.get('errors', []) if e][:3]}")
+    return result
+
+
+async def _loop_run(url: str, model: str, fams: list[Family], book: TraceBook, S, hooks,
+                    codec) -> tuple[list[float], int]:
+    from openai import AsyncOpenAI
+
+    from benchmarks.formats import http_loop_family
+
+    client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
+
+    async def one(f: Family) -> tuple[float, int]:
+        _, text = book.family(f.prompt_ids)
+        sp = S.params(text.parent, text.children, max_tokens=MAX_MODEL_LEN - len(f.prompt_ids))
+        t0 = time.perf_counter()
+        r = await http_loop_family(client, model, hooks, codec, f.prompt_ids, sp)
+        return time.perf_counter() - t0, len(r["tokens"])
+
+    try:
+        done = await asyncio.gather(*[one(f) for f in fams])
+    finally:
+        await client.close()
+    return [d[0] for d in done], sum(d[1] for d in done)
+
+
+def loop_run(url: str, model: str, fams: list[Family], book: TraceBook, tokenizer) -> dict:
+    from vllm_seqhooks.config.presets import expand
+    from vllm_seqhooks.config.special_kwargs import SpecialKwargs
+    from vllm_seqhooks.formats.text_codec import TextCodec
+    from vllm_seqhooks.scripted.llm import Scripts
+
+    hooks = SpecialKwargs(**expand(FORMAT))
+    codec = TextCodec.from_tokenizer(tokenizer, 128)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    latencies, tokens = asyncio.run(_loop_run(url, model, fams, book, Scripts(tokenizer),
+                                              hooks, codec))
+    return {"latencies": latencies, "total_output_tokens": tokens,
+            "duration": time.perf_counter() - t0, "client_cpu_s": time.process_time() - cpu0}
+
+
+def _read(path: Path) -> dict[str, float]:
+    return json.loads(path.read_text())
+
+
+def counters(stats: Path) -> dict[str, float]:
+    time.sleep(0.6)  # (the worker and the scheduler write every 0.25 s)
+    return {**_read(stats), **{f"sched_{k}": v for k, v in _read(Path(f"{stats}.sched")).items()}}
+
+
+def row(config: str, profile: str, fams: list[Family], run: dict, before: dict,
+        after: dict) -> dict[str, Any]:
+    d = {k: after[k] - before[k] for k in after if not isinstance(after[k], bool)}
+    steps = max(1, d["steps"])
+    step_s = d["modelled_gpu_s"] / steps
+    sched = d["sched_scheduler_cpu_s"]
+    lat = run["latencies"]
+    critical = [f.critical_path_tokens * step_s for f in fams]
+    out = dict(
+        profile=profile, config=config, families=len(fams),
+        family_latency_p50_s=round(percentile(lat, 50), 3),
+        family_latency_p99_s=round(percentile(lat, 99), 3),
+        tokens_per_s=round(run["total_output_tokens"] / run["duration"], 1),
+        output_tokens=run["total_output_tokens"], wall_s=round(run["duration"], 3),
+        engine_steps=d["steps"], request_steps=d["request_steps"],
+        modelled_gpu_s=round(d["modelled_gpu_s"], 3),
+        host_kept_up=bool(d["modelled_gpu_s"] >= 0.9 * run["duration"]),
+        engine_cpu_s=round(sched, 4),
+        engine_cpu_per_step_ms=round(sched / steps * 1e3, 4),
+        modelled_step_ms=round(step_s * 1e3, 3),
+        engine_cpu_per_request_step_us=round(sched / max(1, d["sched_request_steps"]) * 1e6, 2),
+        critical_path_s=round(percentile(critical, 50), 3))
+    if "client_cpu_s" in run:
+        out["loop_client_cpu_s"] = round(run["client_cpu_s"], 3)
+    return out
+
+
+def server(model: str, profile: str, workdir: Path, name: str, *, trace_mode: str,
+           scale: float, hooks: bool):
+    import sys
+
+    from vllm_seqhooks.local_server import free_port, start_command
+    from vllm_seqhooks.scripted.tiny_model import TINY_HOOK_FLAGS  # noqa: F401
+
+    port = free_port()
+    stats = workdir / f"{name}.stats.json"
+    cmd = [sys.executable, "-m", "benchmarks.gpu_timed.serve", model, "--profile", profile,
+           "--filler-token", "40", "--stats-path", str(stats),
+           "--scheduler-stats-path", f"{stats}.sched", "--trace-mode", trace_mode,
+           "--trace-scale", str(scale), "--trace-prompt-tokens", str(PROMPT_TOKENS),
+           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--dtype", "float32",
+           "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "1024",
+           "--max-num-batched-tokens", "8192", "--block-size", "32",
+           "--kv-cache-memory-bytes", str(1 << 30), "--enable-prompt-tokens-details",
+           "--disable-log-stats", "--uvicorn-log-level", "warning"]
+    if hooks:
+        cmd += ["--seqhooks", FORMAT["format"], "--max-child-depth", "1", "--fork-min-tokens", "1"]
+    return start_command(cmd, port, log_path=workdir / f"{name}.log", timeout=600), stats
