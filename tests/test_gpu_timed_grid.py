@@ -2,7 +2,8 @@
 two GPU-timed ``vllm serve`` (stock, hooks), every configuration of the grid
 at 1 and 2 families, the page and its JSON written outside docs/. Counts
 only (tokens, steps), no timing: the A/A repeat writes the same tokens in
-the same steps as the run it repeats, native's family takes fewer engine
+the same steps as the run it repeats (give or take a step per family: when
+each request reaches the engine), native's family takes fewer engine
 steps than the same trace written sequentially (its threads run side by
 side), and every configuration returns the same number of tokens (the
 sequential text is the merged one).
@@ -42,8 +43,10 @@ def test_the_grid_smoke_runs_every_configuration(tmp_path):
                                   for n in (1, 2))
     for n in (1, 2):
         seq, aa = rows["sequential", n], rows["sequential-aa", n]
-        assert (aa["output_tokens"], aa["engine_steps"]) == (seq["output_tokens"],
-                                                             seq["engine_steps"])
+        assert aa["output_tokens"] == seq["output_tokens"]
+        # (each request may reach the engine a step later or earlier than in
+        # the run repeated: seen 861 against 862 steps on a busy machine)
+        assert abs(aa["engine_steps"] - seq["engine_steps"]) <= n
         assert rows["native", n]["engine_steps"] < seq["engine_steps"]
         # The same text everywhere: sequential writes the merged trace itself.
         assert rows["loop", n]["output_tokens"] == seq["output_tokens"]
