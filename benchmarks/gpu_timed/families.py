@@ -31,15 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.gpu_timed.grid import counters
+
 CONFIGS = ("native", "sequential", "loop-in-process")
 FORMAT = {"format": "threadweaver", "max_child_depth": 1, "fork_min_tokens": 1}
 PROMPT_TOKENS = 128
-
-
-def _counters(stats: Path) -> dict[str, float]:
-    time.sleep(0.6)  # (the worker and the scheduler write every 0.25 s)
-    sched = json.loads(Path(f"{stats}.sched").read_text())
-    return {**json.loads(stats.read_text()), **{f"sched_{k}": v for k, v in sched.items()}}
 
 
 def _engine(config: str, profile: str, model: str, stats: Path):
@@ -92,7 +88,7 @@ def run(config: str, profile: str, sizes: list[int], scale: float) -> list[dict]
             prompts.append(S("".join(rng.choice("abcdefgh ") for _ in range(PROMPT_TOKENS))))
             params.append(S.params(text.sequential, max_tokens=4000) if config == "sequential"
                           else S.params(text.parent, text.children, max_tokens=4000))
-        before = _counters(stats)
+        before = counters(stats)
         t0 = time.perf_counter()
         if loop is not None:
             tokens = sum(len(r.token_ids) for r in loop.generate(prompts, params))
@@ -100,7 +96,7 @@ def run(config: str, profile: str, sizes: list[int], scale: float) -> list[dict]
             tokens = sum(len(o.outputs[0].token_ids)
                          for o in llm.generate(prompts, params, use_tqdm=False))
         wall = time.perf_counter() - t0
-        after = _counters(stats)
+        after = counters(stats)
         d = {k: after[k] - before[k] for k in after if not isinstance(after[k], bool)}
         rows.append(dict(
             config=config, profile=profile, families=n, scale=scale, wall_s=round(wall, 2),

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,10 +206,7 @@ def row(config: str, profile: str, fams: list[Family], run: dict, before: dict,
 
 def server(model: str, profile: str, workdir: Path, name: str, *, trace_mode: str,
            scale: float, hooks: bool):
-    import sys
-
     from vllm_seqhooks.local_server import free_port, start_command
-    from vllm_seqhooks.scripted.tiny_model import TINY_HOOK_FLAGS  # noqa: F401
 
     port = free_port()
     stats = workdir / f"{name}.stats.json"
