@@ -5,7 +5,9 @@ Pure: the training sequences are what the engine builds (child prompts,
 merges, the fork and end tags as its scanner finds them), with the tokenizer
 the model ships.  End to end: ``LLM(model, special_kwargs="auto")`` answers
 held-out problems and gives the tokens of the format's own client loop over
-stock vLLM; ``vllm serve MODEL --seqhooks auto`` answers over HTTP."""
+stock vLLM. (``vllm serve`` with this model, as docs/threadweaver_model.md
+gives the command, answers held-out problems of every fan-out over HTTP in
+tests/test_docs_commands.py, which starts that server anyway.)"""
 
 from __future__ import annotations
 
@@ -188,30 +190,3 @@ def test_llm_auto_answers_and_equals_the_format_loop():
         assert len(children) == len(res.children)
         forked += bool(children)
     assert forked >= 30
-
-
-@pytest.mark.slow
-def test_served_with_seqhooks_auto(tmp_path):
-    """``vllm serve MODEL --seqhooks auto`` and the openai client."""
-    from openai import OpenAI
-
-    from vllm_seqhooks.check import trained_engine_flags
-    from tests.support.server import start_server
-
-    pool = task.heldout_problems(100, seed=777)
-    # Two problems per fan-out (0, 2, 3, 4 children).
-    problems = [p for k in (0, 2, 3, 4) for p in [q for q in pool if len(q.chunks) == k][:2]]
-    assert len(problems) == 8
-    model = str(task.model_dir())
-    server = start_server(model, "--seqhooks", "auto", *trained_engine_flags(),
-                          log_path=tmp_path / "serve.log")
-    try:
-        client = OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120)
-        texts = [client.completions.create(
-            model=model, prompt=p.prompt, max_tokens=task.PARENT_MAX_TOKENS,
-            temperature=0).choices[0].text for p in problems]
-    finally:
-        server.stop()
-    for p, text in zip(problems, texts):
-        assert task.check(p, text), (p.digits, text)
-        assert task.check_full_text(p, text), (p.digits, text)

@@ -53,10 +53,21 @@ def _task(model: str):
     return {FORKJOIN: forkjoin, THREADWEAVER: threadweaver}[model]
 
 
+def _every_fan_out(task, per_fan_out: int = 2) -> list:
+    """Held-out problems, ``per_fan_out`` of each number of children the
+    task's model writes (0: it sorts directly), at most twelve."""
+    pool = task.heldout_problems(200, seed=4321)
+    fan_outs = sorted({len(p.chunks) for p in pool})
+    return [p for k in fan_outs for p in [q for q in pool if len(q.chunks) == k][:per_fan_out]][:12]
+
+
 def _serve_and_ask(job: Job, tmp_path: Path) -> None:
     """The server as pasted (its port: a free one on 127.0.0.1), healthy
-    within the budget; each block's asks; held-out problems answered right;
-    a chat completion equal to the completion."""
+    within the budget; each block's asks; held-out problems of every
+    fan-out answered right, parents' and children's text alike; a chat
+    completion equal to the completion. (For the ThreadWeaver model this is
+    also the test of ``vllm serve MODEL --seqhooks auto`` that
+    tests/test_threadweaver_model.py had, which started a server of its own.)"""
     import requests
     from openai import OpenAI
 
@@ -90,7 +101,7 @@ def _serve_and_ask(job: Job, tmp_path: Path) -> None:
         for where, (ask, check) in job.asks:
             _ask(ask, check, server.url, port, model, where)
         client = OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120)
-        problems = task.heldout_problems(12, seed=4321)
+        problems = _every_fan_out(task)
         texts = [client.completions.create(model=model, prompt=p.prompt, temperature=0,
                                            max_tokens=task.PARENT_MAX_TOKENS).choices[0].text
                  for p in problems]
@@ -103,7 +114,8 @@ def _serve_and_ask(job: Job, tmp_path: Path) -> None:
         server.stop()
         memory.stop()
     report(job.key, peak_gib=memory.peak / GIB, healthy_s=healthy)
-    assert all(task.check_full_text(p, t) for p, t in zip(problems, texts)), texts
+    for p, text in zip(problems, texts):
+        assert task.check(p, text) and task.check_full_text(p, text), (p.digits, text)
     assert chat == texts[0], (chat, texts[0])
     assert "Traceback" not in log, log[-3000:]
     if model == FORKJOIN:
