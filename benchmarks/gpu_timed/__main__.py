@@ -42,6 +42,7 @@ def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path) -> 
     book = TraceBook("native", scale, grid.PROMPT_TOKENS, EOS_ID,
                      lambda text: encode_script(tok, text))
     workdir.mkdir(parents=True, exist_ok=True)
+    own_cpus = os.sched_getaffinity(0)  # (grid.server moves this process to the frontend half)
     with ThreadPoolExecutor(2) as pool:  # (both start at once: half the wait)
         starting = [pool.submit(grid.server, model, profile, workdir, name, trace_mode=mode,
                                 scale=scale, hooks=name == "native")
@@ -72,6 +73,7 @@ def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path) -> 
     finally:
         native.stop()
         stock.stop()
+        os.sched_setaffinity(0, own_cpus)
     return rows
 
 

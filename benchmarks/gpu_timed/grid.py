@@ -18,7 +18,10 @@ engine kind, started once per profile):
   family, by ``vllm bench serve`` as ``sequential``.
 
 Every family of a size has the same trace in every configuration (its
-prompt picks it). A row: per-family latency p50 / p99 (wall seconds; the
+prompt picks it). Each server's engine processes run on half of the CPUs,
+its API server and the clients on the other half (:mod:`.host_split`: as on
+a GPU host, the engine's spinning wait for the GPU does not take the
+frontend's CPU). A row: per-family latency p50 / p99 (wall seconds; the
 server's modelled GPU keeps the wall clock at GPU speed while the host keeps
 up, ``host_kept_up`` says whether it did), output tokens/s, engine steps,
 modelled GPU seconds, the scheduler's thread-CPU seconds (schedule, update
@@ -205,8 +208,10 @@ def row(config: str, profile: str, fams: list[Family], run: dict, before: dict,
 
 
 def server(model: str, profile: str, workdir: Path, name: str, *, trace_mode: str,
-           scale: float, hooks: bool):
+           scale: float, hooks: bool, split: bool = True):
     from vllm_seqhooks.local_server import free_port, start_command
+
+    from benchmarks.gpu_timed.host_split import split_host
 
     port = free_port()
     stats = workdir / f"{name}.stats.json"
@@ -221,4 +226,7 @@ def server(model: str, profile: str, workdir: Path, name: str, *, trace_mode: st
            "--disable-log-stats", "--uvicorn-log-level", "warning"]
     if hooks:
         cmd += ["--seqhooks", FORMAT["format"], "--max-child-depth", "1", "--fork-min-tokens", "1"]
-    return start_command(cmd, port, log_path=workdir / f"{name}.log", timeout=600), stats
+    srv = start_command(cmd, port, log_path=workdir / f"{name}.log", timeout=600)
+    if split:
+        split_host(srv.proc.pid)
+    return srv, stats
