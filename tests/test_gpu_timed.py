@@ -164,7 +164,7 @@ def test_the_scheduler_clock_times_each_call_and_counts_steps_that_compute():
 
 
 def test_a_prompt_picks_its_family_and_the_engine_keys_pick_the_part():
-    from benchmarks.gpu_timed.trace_book import TraceBook, prompt_text
+    from benchmarks.gpu_timed.trace_book import PLAIN_KEY, TraceBook, prompt_text
 
     encode = lambda text: [ord(c) for c in text]  # noqa: E731
     book = TraceBook("native", 0.05, prompt_tokens=16, eos_token_id=2, encode=encode)
@@ -183,6 +183,8 @@ def test_a_prompt_picks_its_family_and_the_engine_keys_pick_the_part():
     seq = TraceBook("sequential", 0.05, 16, 2, encode).extra_args(prompt, None)
     assert seq["seqhooks_script"] == encode(text.sequential)
     assert "seqhooks_child_scripts" not in seq
+    # plain traffic: a request that says so samples no family
+    assert book.extra_args(prompt, {PLAIN_KEY: 1, "k": "v"}) == {PLAIN_KEY: 1, "k": "v"}
     with pytest.raises(ValueError, match="first 16"):
         book.extra_args(prompt[:10], None)
     with pytest.raises(ValueError, match="one of"):
@@ -191,23 +193,38 @@ def test_a_prompt_picks_its_family_and_the_engine_keys_pick_the_part():
 
 def test_the_grid_report_gives_the_ratios_per_profile_and_size():
     from benchmarks.gpu_timed.grid import percentile
-    from benchmarks.gpu_timed.report import markdown, ratios
+    from benchmarks.gpu_timed.report import largest_fitting, markdown, ratios
 
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
     assert percentile([1.0, 2.0], 99) == pytest.approx(1.99)
 
-    def r(config, p50, critical=1.0, kept=True):
-        return dict(profile="h100-sxm/qwen3-8b", config=config, families=4,
+    def r(config, p50, critical=1.0, kept=True, families=4, cpu_ms=1.0, per_rs=1.0, **extra):
+        return dict(profile="h100-sxm/qwen3-8b", config=config, families=families,
                     family_latency_p50_s=p50, family_latency_p99_s=p50, tokens_per_s=1,
-                    engine_steps=1, modelled_gpu_s=1, wall_s=1, engine_cpu_per_step_ms=1,
-                    modelled_step_ms=1, engine_cpu_per_request_step_us=1,
-                    critical_path_s=critical, host_kept_up=kept)
+                    engine_steps=1, modelled_gpu_s=1, wall_s=1, engine_cpu_per_step_ms=cpu_ms,
+                    modelled_step_ms=2.0, engine_cpu_per_request_step_us=per_rs,
+                    critical_path_s=critical, host_kept_up=kept, **extra)
 
-    rows = [r("sequential", 10.0), r("sequential-aa", 10.2), r("loop", 8.0),
-            r("native", 6.0, critical=5.0, kept=False)]
-    (got,) = ratios(rows)
-    assert got == dict(profile="h100-sxm/qwen3-8b", families=4, aa=1.02,
-                       native_vs_sequential=0.6, native_vs_loop=0.75,
-                       native_vs_critical_path=1.2, host_kept_up=False)
+    def size(n, native_cpu_ms):
+        return [r("sequential", 10.0, families=n), r("sequential-aa", 10.2, families=n),
+                r("loop", 8.0, families=n, loop_cpu_per_request_step_us=4.0),
+                r("native", 6.0, critical=5.0, kept=n != 4, families=n, cpu_ms=native_cpu_ms,
+                  per_rs=3.0),
+                r("native-in-process", 5.6, families=n),
+                r("plain-stock", 1.0, families=n, cpu_ms=1.0),
+                r("plain-hooks", 1.0, families=n, cpu_ms=1.04)]
+
+    rows = size(4, 1.5) + size(16, 2.5)
+    got = ratios(rows)
+    assert got[0] == dict(profile="h100-sxm/qwen3-8b", families=4, aa=1.02,
+                          native_vs_sequential=0.6, native_vs_loop=0.75,
+                          native_vs_critical_path=1.2, in_process_vs_loop=0.7,
+                          plain_hooks_vs_stock_cpu_per_step=1.04,
+                          native_vs_loop_per_request_step=0.75,
+                          native_fits_step=True, stock_fits_step=True, host_kept_up=False)
+    assert not got[1]["native_fits_step"] and got[1]["host_kept_up"]
+    assert largest_fitting(rows) == {"h100-sxm/qwen3-8b": 4}
     page = markdown(rows, "python -m benchmarks.gpu_timed --smoke")
-    assert "| h100-sxm/qwen3-8b | 4 | 1.02 | 0.6 | 0.75 | 1.2 | False |" in page
+    assert "| h100-sxm/qwen3-8b | 4 | 1.02 | 0.6 | 0.75 | 1.2 | 0.7 | False |" in page
+    assert "| h100-sxm/qwen3-8b | 16 | 1.04 | 0.75 | False | True |" in page
+    assert "fits the modelled step, h100-sxm/qwen3-8b: 4" in page

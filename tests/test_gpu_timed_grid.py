@@ -1,12 +1,13 @@
 """``python -m benchmarks.gpu_timed --smoke`` as a user types it (issue 52):
-two GPU-timed ``vllm serve`` (stock, hooks), every configuration of the grid
-at 1 and 2 families, the page and its JSON written outside docs/. Counts
-only (tokens, steps), no timing: the A/A repeat writes the same tokens in
-the same steps as the run it repeats (give or take a step per family: when
-each request reaches the engine), native's family takes fewer engine
-steps than the same trace written sequentially (its threads run side by
-side), and every configuration returns the same number of tokens (the
-sequential text is the merged one).
+two GPU-timed ``vllm serve`` (stock, hooks) and an in-process ``LLM``, every
+configuration of the grid at 2 families, the page, its JSON and the chart
+written outside docs/. Counts only (tokens, steps), no timing: the A/A
+repeat writes the same tokens in the same steps as the run it repeats (give
+or take a step per family: when each request reaches the engine), native's
+families (over HTTP and in-process) take fewer engine steps than the same
+traces written sequentially (their threads run side by side), every
+configuration returns the same number of tokens (the sequential text is the
+merged one), and plain traffic forks nothing on the hooks server.
 
 Over 60 s: two servers, each three processes importing torch and vLLM, and
 about 20 modelled GPU seconds of steps (h100-sxm/qwen2.5-1.5b); it runs in
@@ -21,6 +22,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from benchmarks.gpu_timed.grid import CONFIGS, PLAIN_TOKENS
 
 pytestmark = pytest.mark.slow
 
@@ -39,18 +42,26 @@ def test_the_grid_smoke_runs_every_configuration(tmp_path):
     result = json.loads((tmp_path / "out" / "gpu_timed.json").read_text())
     assert result["command"] == f"python -m benchmarks.gpu_timed --smoke --out {tmp_path / 'out'}"
     rows = {(r["config"], r["families"]): r for r in result["rows"]}
-    assert sorted(rows) == sorted((c, n) for c in ("sequential", "sequential-aa", "loop", "native")
-                                  for n in (1, 2))
-    for n in (1, 2):
-        seq, aa = rows["sequential", n], rows["sequential-aa", n]
-        assert aa["output_tokens"] == seq["output_tokens"]
-        # (each request may reach the engine a step later or earlier than in
-        # the run repeated: seen 861 against 862 steps on a busy machine)
-        assert abs(aa["engine_steps"] - seq["engine_steps"]) <= n
-        assert rows["native", n]["engine_steps"] < seq["engine_steps"]
-        # The same text everywhere: sequential writes the merged trace itself.
-        assert rows["loop", n]["output_tokens"] == seq["output_tokens"]
-        assert rows["native", n]["output_tokens"] == seq["output_tokens"]
-        assert all(rows[c, n]["modelled_gpu_s"] > 0 for c in ("sequential", "loop", "native"))
+    assert sorted(rows) == sorted((c, 2) for c in CONFIGS)
+    seq, aa = rows["sequential", 2], rows["sequential-aa", 2]
+    assert aa["output_tokens"] == seq["output_tokens"]
+    # (each request may reach the engine a step later or earlier than in
+    # the run repeated: seen 861 against 862 steps on a busy machine)
+    assert abs(aa["engine_steps"] - seq["engine_steps"]) <= 2
+    # The same text everywhere: sequential writes the merged trace itself;
+    # native's threads run side by side, in fewer steps.
+    for config in ("loop", "native", "native-in-process"):
+        assert rows[config, 2]["output_tokens"] == seq["output_tokens"], config
+        assert rows[config, 2]["modelled_gpu_s"] > 0, config
+    for config in ("native", "native-in-process"):
+        assert rows[config, 2]["engine_steps"] < seq["engine_steps"], config
+    # Plain traffic forks nothing on the hooks server: the same request-steps
+    # as on the stock one, every request its PLAIN_TOKENS.
+    plain = [rows["plain-stock", 2], rows["plain-hooks", 2]]
+    assert [p["output_tokens"] for p in plain] == [2 * PLAIN_TOKENS] * 2
+    assert plain[0]["request_steps"] == plain[1]["request_steps"]
+    assert all(p["engine_cpu_per_step_ms"] > 0 for p in plain)
     page = (tmp_path / "out" / "gpu_timed.md").read_text()
     assert "| h100-sxm/qwen2.5-1.5b | 2 |" in page
+    assert "fits the modelled step, h100-sxm/qwen2.5-1.5b:" in page
+    assert (tmp_path / "out" / "gpu_timed.png").stat().st_size > 10_000

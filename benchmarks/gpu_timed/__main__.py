@@ -4,13 +4,16 @@
         [--scale S] [--out DIR] [--write-docs]
 
 For each profile (``h100-sxm/qwen3-8b`` and the others of :mod:`.profiles`),
-two GPU-timed servers (stock, and hooks with ThreadWeaver's format) and, at
-each number of families at once, the configurations of :mod:`.grid`:
-sequential, its A/A repeat, the client loop, native. Prints a JSON row per
-run and writes ``gpu_timed.json`` and ``gpu_timed.md`` into ``--out`` (a new
-temporary directory by default); ``--write-docs`` also writes them into
-``docs/benchmarks/``. ``--smoke``: one profile, 1 and 2 families, short
-traces: a check that every configuration runs, not figures.
+two GPU-timed servers (stock, and hooks with ThreadWeaver's format), an
+in-process ``vllm_seqhooks.LLM`` (:mod:`.in_process`) and, at each number of
+families at once, the configurations of :mod:`.grid`: sequential, its A/A
+repeat, the client loop, native over HTTP, native in-process, and plain
+traffic (nothing forking) on the stock and on the hooks server. Prints a JSON row per
+run and writes ``gpu_timed.json``, ``gpu_timed.md`` and the chart
+``gpu_timed.png`` (with matplotlib) into ``--out`` (a new temporary
+directory by default); ``--write-docs`` also writes them into
+``docs/benchmarks/``. ``--smoke``: one profile, 2 families, short traces: a
+check that every configuration runs, not figures.
 """
 
 from __future__ import annotations
@@ -25,6 +28,76 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+class Engines:
+    """One profile's engines: the stock and the hooks server and the
+    in-process ``LLM``, started at once (the servers boot in their own
+    processes while this one builds the ``LLM``), and each one's counters
+    (the worker's and the scheduler's files, read once after each run: a
+    run's "before" is the previous run's "after" on that engine)."""
+
+    def __init__(self, model: str, profile: str, workdir: Path, scale: float) -> None:
+        from benchmarks.gpu_timed import grid, in_process
+
+        self.servers, self.llm = {}, None
+        with ThreadPoolExecutor(2) as pool:
+            starting = {name: pool.submit(grid.server, model, profile, workdir, name,
+                                          trace_mode=mode, scale=scale, hooks=name == "native")
+                        for name, mode in (("stock", "sequential"), ("native", "native"))}
+            try:
+                self.llm, llm_stats = in_process.start_engine(
+                    model, profile, workdir, scale=scale, prompt_tokens=grid.PROMPT_TOKENS,
+                    max_model_len=grid.MAX_MODEL_LEN)
+            finally:
+                for name, future in starting.items():
+                    if future.exception() is None:
+                        self.servers[name] = future.result()
+        failed = [f.exception() for f in starting.values() if f.exception() is not None]
+        if failed or self.llm is None:
+            self.stop()
+            if failed:
+                raise failed[0]
+        self.stats = {"stock": self.servers["stock"][1], "native": self.servers["native"][1],
+                      "native-in-process": llm_stats}
+        self._last = {path: grid.counters(path) for path in self.stats.values()}
+
+    def server_for(self, config: str):
+        return self.servers["native" if config in ("native", "plain-hooks") else "stock"][0]
+
+    def counters_around(self, config: str) -> tuple[dict, dict]:
+        """(before, after) the run of ``config`` that just ended."""
+        from benchmarks.gpu_timed import grid
+
+        path = self.stats.get({"plain-hooks": "native"}.get(config, config),
+                              self.stats["stock"])
+        before, self._last[path] = self._last[path], grid.counters(path)
+        return before, self._last[path]
+
+    def stop(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+        for srv, _ in self.servers.values():
+            srv.stop()
+
+
+def run_size(engines: Engines, profile: str, fams: list, model: str, book, tok,
+             workdir: Path) -> list[dict]:
+    from benchmarks.gpu_timed import grid, in_process
+
+    rows = []
+    for config in grid.CONFIGS:
+        if config == "loop":
+            run = grid.loop_run(engines.server_for(config).url, model, fams, book, tok)
+        elif config == "native-in-process":
+            run = in_process.run(engines.llm, fams,
+                                 grid.MAX_MODEL_LEN - len(fams[0].prompt_ids) - 1)
+        else:
+            run = grid.bench_serve(engines.server_for(config).url, model, fams, workdir,
+                                   plain=config.startswith("plain"))
+        rows.append(grid.row(config, profile, fams, run, *engines.counters_around(config)))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path) -> list[dict]:
@@ -42,37 +115,16 @@ def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path) -> 
     book = TraceBook("native", scale, grid.PROMPT_TOKENS, EOS_ID,
                      lambda text: encode_script(tok, text))
     workdir.mkdir(parents=True, exist_ok=True)
-    own_cpus = os.sched_getaffinity(0)  # (grid.server moves this process to the frontend half)
-    with ThreadPoolExecutor(2) as pool:  # (both start at once: half the wait)
-        starting = [pool.submit(grid.server, model, profile, workdir, name, trace_mode=mode,
-                                scale=scale, hooks=name == "native")
-                    for name, mode in (("stock", "sequential"), ("native", "native"))]
-        started = [f.exception() or f.result() for f in starting]
-    failed = [s for s in started if isinstance(s, BaseException)]
-    if failed:
-        for s in started:
-            if not isinstance(s, BaseException):
-                s[0].stop()
-        raise failed[0]
-    (stock, stock_stats), (native, native_stats) = started
+    own_cpus = os.sched_getaffinity(0)  # (the engines move this process to the frontend half)
+    engines = Engines(model, profile, workdir, scale)
     rows, first = [], 0
     try:
         for n in sizes:
             fams = grid.families(tok, book, n, first)
             first += 10 * n + 1000
-            for config in grid.CONFIGS:
-                url, stats = (native.url, native_stats) if config == "native" else (
-                    stock.url, stock_stats)
-                before = grid.counters(stats)
-                if config == "loop":
-                    run = grid.loop_run(url, model, fams, book, tok)
-                else:
-                    run = grid.bench_serve(url, model, fams, workdir)
-                rows.append(grid.row(config, profile, fams, run, before, grid.counters(stats)))
-                print(json.dumps(rows[-1]), flush=True)
+            rows += run_size(engines, profile, fams, model, book, tok, workdir)
     finally:
-        native.stop()
-        stock.stop()
+        engines.stop()
         os.sched_setaffinity(0, own_cpus)
     return rows
 
@@ -88,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.profiles, args.sizes, args.scale = "h100-sxm/qwen2.5-1.5b", "1,2", 0.02
+        args.profiles, args.sizes, args.scale = "h100-sxm/qwen2.5-1.5b", "2", 0.02
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = args.out or Path(tempfile.mkdtemp(prefix="seqhooks-gpu-timed-grid-"))
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -97,14 +149,18 @@ def main(argv: list[str] | None = None) -> int:
         rows += run_profile(profile, sizes, args.scale, out / profile.replace("/", "_"))
     command = "python -m benchmarks.gpu_timed " + " ".join(argv if argv is not None
                                                             else sys.argv[1:])
+    from benchmarks.gpu_timed.chart import chart
     from benchmarks.gpu_timed.report import markdown
 
     (out / "gpu_timed.json").write_text(json.dumps({"command": command, "rows": rows},
                                                    indent=1) + "\n")
     (out / "gpu_timed.md").write_text(markdown(rows, command))
-    print(f"wrote {out / 'gpu_timed.md'} and {out / 'gpu_timed.json'}")
+    names = ["gpu_timed.md", "gpu_timed.json"]
+    if chart(rows, command, out / "gpu_timed.png"):
+        names.append("gpu_timed.png")
+    print(f"wrote {', '.join(str(out / n) for n in names)}")
     if args.write_docs:
-        for name in ("gpu_timed.md", "gpu_timed.json"):
+        for name in names:
             shutil.copy(out / name, ROOT / "docs" / "benchmarks" / name)
         print("and into docs/benchmarks/")
     return 0

@@ -2,8 +2,8 @@
 families on GPU-timed servers, each configuration at each number of
 families at once, as rows of figures.
 
-Configurations (all over HTTP, async scheduling on, one ``vllm serve`` per
-engine kind, started once per profile):
+Configurations (async scheduling on; over HTTP, one ``vllm serve`` per
+engine kind started once per profile, except ``native-in-process``):
 
 * ``sequential``: a stock server; each family is one request writing its
   trace sequentially (the anchors' baseline), sent by ``vllm bench serve``
@@ -16,6 +16,12 @@ engine kind, started once per profile):
   once; its requests carry their scripts.
 * ``native``: a server with hooks (ThreadWeaver's format), one request per
   family, by ``vllm bench serve`` as ``sequential``.
+* ``native-in-process``: ``vllm_seqhooks.LLM`` with the same format, every
+  family added at once (:mod:`.in_process`).
+* ``plain-stock``, ``plain-hooks``: plain traffic, nothing forking: one
+  request per family writing :data:`PLAIN_TOKENS` filler tokens, on the
+  stock and on the hooks server (the scheduler's cost of hooks that are on
+  and unused).
 
 Every family of a size has the same trace in every configuration (its
 prompt picks it). Each server's engine processes run on half of the CPUs,
@@ -41,11 +47,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_timed.trace_book import TraceBook, prompt_text
+from benchmarks.gpu_timed.trace_book import PLAIN_KEY, TraceBook, prompt_text
 
 FORMAT = {"format": "threadweaver", "max_child_depth": 1, "fork_min_tokens": 1}
-CONFIGS = ("sequential", "sequential-aa", "loop", "native")
+CONFIGS = ("sequential", "sequential-aa", "loop", "native", "native-in-process",
+           "plain-stock", "plain-hooks")
 PROMPT_TOKENS = 64
+#: Tokens each request of the plain-traffic runs writes (all at once, so the
+#: same requests are live for about this many steps on both servers).
+PLAIN_TOKENS = 256
 MAX_MODEL_LEN = 4096  # the tiny model's positions
 
 
@@ -92,7 +102,8 @@ def percentile(values: list[float], p: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-def bench_serve(url: str, model: str, fams: list[Family], workdir: Path) -> dict[str, Any]:
+def bench_serve(url: str, model: str, fams: list[Family], workdir: Path, *,
+                plain: bool = False) -> dict[str, Any]:
     """vLLM's ``vllm bench serve`` (its ``main``, called here) sending the
     families' prompts all at once; returns its result (per-request latencies
     kept). The prompts are vLLM's ``SampleRequest`` rows handed to it in
@@ -100,13 +111,15 @@ def bench_serve(url: str, model: str, fams: list[Family], workdir: Path) -> dict
     with pandas, which vLLM's CPU build does not install): the same rows as
     ``dataset-N.jsonl`` in ``workdir``, which ``vllm bench serve --dataset-name
     custom --dataset-path ... --custom-output-len -1 --skip-chat-template``
-    sends where pandas is installed."""
+    sends where pandas is installed. ``plain``: each request writes
+    :data:`PLAIN_TOKENS` filler tokens, no family
+    (:data:`.trace_book.PLAIN_KEY` in its ``vllm_xargs``)."""
     from vllm.benchmarks import serve
     from vllm.benchmarks.datasets import SampleRequest
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    budget = MAX_MODEL_LEN - len(fams[0].prompt_ids) - 1
-    dataset = workdir / f"dataset-{len(fams)}.jsonl"
+    budget = PLAIN_TOKENS if plain else MAX_MODEL_LEN - len(fams[0].prompt_ids) - 1
+    dataset = workdir / f"dataset-{len(fams)}{'-plain' if plain else ''}.jsonl"
     dataset.write_text("".join(
         json.dumps({"prompt": f.prompt, "output_tokens": budget}) + "\n" for f in fams))
     rows = [SampleRequest(prompt=f.prompt, prompt_len=len(f.prompt_ids),
@@ -121,7 +134,8 @@ def bench_serve(url: str, model: str, fams: list[Family], workdir: Path) -> dict
         "--max-concurrency", str(len(fams)), "--request-rate", "inf",
         "--ready-check-timeout-sec", "0", "--num-warmups", "0", "--disable-tqdm",
         "--save-detailed", "--percentile-metrics", "e2el", "--metric-percentiles", "50,99",
-        "--seed", "0"])
+        "--seed", "0",
+        *(["--extra-body", json.dumps({"vllm_xargs": {PLAIN_KEY: 1}})] if plain else [])])
     get_samples = serve.get_samples
     serve.get_samples = lambda args, tokenizer: rows
     try:
@@ -201,9 +215,12 @@ def row(config: str, profile: str, fams: list[Family], run: dict, before: dict,
         engine_cpu_per_step_ms=round(sched / steps * 1e3, 4),
         modelled_step_ms=round(step_s * 1e3, 3),
         engine_cpu_per_request_step_us=round(sched / max(1, d["sched_request_steps"]) * 1e6, 2),
-        critical_path_s=round(percentile(critical, 50), 3))
+        critical_path_s=None if config.startswith("plain") else round(percentile(critical, 50), 3))
     if "client_cpu_s" in run:
         out["loop_client_cpu_s"] = round(run["client_cpu_s"], 3)
+        # the loop's cost per request-step with its own Python counted
+        out["loop_cpu_per_request_step_us"] = round(
+            (sched + run["client_cpu_s"]) / max(1, d["sched_request_steps"]) * 1e6, 2)
     return out
 
 

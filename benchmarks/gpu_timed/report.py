@@ -31,13 +31,36 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for n in dict.fromkeys(r["families"] for r in rows if r["profile"] == profile):
             c = _by(rows, profile, n)
             p50 = {k: v["family_latency_p50_s"] for k, v in c.items()}
+            cpu = {k: v["engine_cpu_per_step_ms"] for k, v in c.items()}
             out.append(dict(
                 profile=profile, families=n,
                 aa=round(p50["sequential-aa"] / p50["sequential"], 3),
                 native_vs_sequential=round(p50["native"] / p50["sequential"], 3),
                 native_vs_loop=round(p50["native"] / p50["loop"], 3),
                 native_vs_critical_path=round(p50["native"] / c["native"]["critical_path_s"], 3),
+                in_process_vs_loop=round(p50["native-in-process"] / p50["loop"], 3),
+                plain_hooks_vs_stock_cpu_per_step=round(
+                    cpu["plain-hooks"] / cpu["plain-stock"], 3),
+                native_vs_loop_per_request_step=round(
+                    c["native"]["engine_cpu_per_request_step_us"]
+                    / c["loop"]["loop_cpu_per_request_step_us"], 3),
+                native_fits_step=c["native"]["engine_cpu_per_step_ms"]
+                <= c["native"]["modelled_step_ms"],
+                stock_fits_step=c["sequential"]["engine_cpu_per_step_ms"]
+                <= c["sequential"]["modelled_step_ms"],
                 host_kept_up=all(v["host_kept_up"] for v in c.values())))
+    return out
+
+
+def largest_fitting(rows: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Per profile: the most families at once at which native's scheduler
+    CPU per step stayed under the modelled step (None: at none)."""
+    out: dict[str, int | None] = {}
+    for r in ratios(rows):
+        best = out.get(r["profile"])
+        if r["native_fits_step"] and (best is None or r["families"] > best):
+            best = r["families"]
+        out[r["profile"]] = best
     return out
 
 
@@ -48,12 +71,27 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
              "and runs on this machine's CPU.", "", "```bash", command, "```", "",
              "## Ratios (p50 family latency)", "",
              "| profile | families | A/A | native / sequential | native / loop "
-             "| native / critical path | host kept up |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| native / critical path | native in-process / loop | host kept up |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in ratios(rows):
         lines.append(f"| {r['profile']} | {r['families']} | {r['aa']} | "
                      f"{r['native_vs_sequential']} | {r['native_vs_loop']} | "
-                     f"{r['native_vs_critical_path']} | {r['host_kept_up']} |")
+                     f"{r['native_vs_critical_path']} | {r['in_process_vs_loop']} | "
+                     f"{r['host_kept_up']} |")
+    lines += ["", "## The scheduler inside the GPU's step", "",
+              "Scheduler thread-CPU (schedule, update from output, add request) per step "
+              "and per scheduled request-step.", "",
+              "| profile | families | plain traffic: hooks / stock, per step "
+              "| native / loop (its client's CPU counted), per request-step "
+              "| native fits the step | stock fits the step |",
+              "| --- | ---: | ---: | ---: | --- | --- |"]
+    for r in ratios(rows):
+        lines.append(f"| {r['profile']} | {r['families']} | "
+                     f"{r['plain_hooks_vs_stock_cpu_per_step']} | "
+                     f"{r['native_vs_loop_per_request_step']} | {r['native_fits_step']} | "
+                     f"{r['stock_fits_step']} |")
+    lines += [""] + [f"Largest number of families at once at which native's scheduler fits "
+                     f"the modelled step, {p}: {n}" for p, n in largest_fitting(rows).items()]
     for profile in dict.fromkeys(r["profile"] for r in rows):
         lines += ["", f"## {profile}", "",
                   "| " + " | ".join(h for _, h in COLUMNS) + " |",

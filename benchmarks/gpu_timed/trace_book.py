@@ -15,7 +15,8 @@ prompts (:meth:`TraceBook.family`) for what it reports (critical paths).
 Pure (no vLLM): :meth:`TraceBook.extra_args` gives the scripted-token keys
 (:mod:`vllm_seqhooks.scripted.protocol`) for a prompt, merged under the
 request's own keys (a child's key, a rejoined parent's tokens sampled
-before), with ``encode`` turning text into token ids.
+before), with ``encode`` turning text into token ids. A request marked
+:data:`PLAIN_KEY` gets none.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ from typing import Any
 from benchmarks.gpu_timed.traces import Trace, TraceText, draw_trace, trace_text
 
 MODES = ("native", "sequential")
+#: A request whose own ``extra_args`` (``vllm_xargs``) set this key gets no
+#: family: it samples the worker's filler token until ``max_tokens``, never a
+#: hook tag (the grid's plain traffic: hooks on, nothing forking).
+PLAIN_KEY = "gpu_timed_plain"
 
 
 @dataclass
@@ -60,7 +65,10 @@ class TraceBook:
     def extra_args(self, prompt_ids: Sequence[int],
                    own: Mapping[str, Any] | None) -> dict[str, Any]:
         """The request's ``extra_args`` with its family's script keys under
-        its own (``own`` wins)."""
+        its own (``own`` wins); a plain request's (:data:`PLAIN_KEY`) as they
+        are."""
+        if own and own.get(PLAIN_KEY):
+            return dict(own)
         seed = self.seed(prompt_ids)
         scripted = self._cache.get(seed)
         if scripted is None:
