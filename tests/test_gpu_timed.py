@@ -228,3 +228,11 @@ def test_the_grid_report_gives_the_ratios_per_profile_and_size():
     assert "| h100-sxm/qwen3-8b | 4 | 1.02 | 0.6 | 0.75 | 1.2 | 0.7 | False |" in page
     assert "| h100-sxm/qwen3-8b | 16 | 1.04 | 0.75 | False | True |" in page
     assert "fits the modelled step, h100-sxm/qwen3-8b: 4" in page
+
+
+def test_the_median_row_of_repeats_keeps_the_range():
+    from benchmarks.gpu_timed.grid import median_row
+
+    rows = [{"cpu": 3.0, "n": 1}, {"cpu": 1.0, "n": 2}, {"cpu": 2.0, "n": 3}]
+    assert median_row(rows, "cpu") == {"cpu": 2.0, "n": 3, "cpu_range": [1.0, 3.0], "repeats": 3}
+    assert median_row(rows[:2], "cpu")["cpu"] == 1.0  # (even: the lower middle)

@@ -87,6 +87,8 @@ def run_size(engines: Engines, profile: str, fams: list, model: str, book, tok,
 
     rows = []
     for config in grid.CONFIGS:
+        if config.startswith("plain"):
+            continue
         if config == "loop":
             run = grid.loop_run(engines.server_for(config).url, model, fams, book, tok)
         elif config == "native-in-process":
@@ -97,6 +99,26 @@ def run_size(engines: Engines, profile: str, fams: list, model: str, book, tok,
                                    plain=config.startswith("plain"))
         rows.append(grid.row(config, profile, fams, run, *engines.counters_around(config)))
         print(json.dumps(rows[-1]), flush=True)
+    return rows + plain_rows(engines, profile, fams, model, workdir)
+
+
+def plain_rows(engines: Engines, profile: str, fams: list, model: str,
+               workdir: Path) -> list[dict]:
+    """Plain traffic on the stock and the hooks server, alternately
+    :data:`grid.PLAIN_REPEATS` times (a few seconds each): for each, the
+    run with the median scheduler CPU per step, with the range over the
+    repeats (how far apart two runs of the same server fall)."""
+    from benchmarks.gpu_timed import grid
+
+    runs: dict[str, list[dict]] = {"plain-stock": [], "plain-hooks": []}
+    for _ in range(grid.PLAIN_REPEATS):
+        for config, done in runs.items():
+            run = grid.bench_serve(engines.server_for(config).url, model, fams, workdir,
+                                   plain=True)
+            done.append(grid.row(config, profile, fams, run, *engines.counters_around(config)))
+    rows = [grid.median_row(done, "engine_cpu_per_step_ms") for done in runs.values()]
+    for r in rows:
+        print(json.dumps(r), flush=True)
     return rows
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -54,8 +55,10 @@ CONFIGS = ("sequential", "sequential-aa", "loop", "native", "native-in-process",
            "plain-stock", "plain-hooks")
 PROMPT_TOKENS = 64
 #: Tokens each request of the plain-traffic runs writes (all at once, so the
-#: same requests are live for about this many steps on both servers).
+#: same requests are live for about this many steps on both servers), and
+#: how many times each server's run is repeated (alternately).
 PLAIN_TOKENS = 256
+PLAIN_REPEATS = 3
 MAX_MODEL_LEN = 4096  # the tiny model's positions
 
 
@@ -194,6 +197,14 @@ def counters(stats: Path) -> dict[str, float]:
     return {**_read(stats), **{f"sched_{k}": v for k, v in _read(Path(f"{stats}.sched")).items()}}
 
 
+def median_row(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The row with the median ``key`` (the lower middle one of an even
+    number), with ``key``'s range over ``rows`` as ``<key>_range``."""
+    ranked = sorted(rows, key=lambda r: r[key])
+    return {**ranked[(len(ranked) - 1) // 2], f"{key}_range": [ranked[0][key], ranked[-1][key]],
+            "repeats": len(rows)}
+
+
 def row(config: str, profile: str, fams: list[Family], run: dict, before: dict,
         after: dict) -> dict[str, Any]:
     d = {k: after[k] - before[k] for k in after if not isinstance(after[k], bool)}
@@ -243,7 +254,11 @@ def server(model: str, profile: str, workdir: Path, name: str, *, trace_mode: st
            "--disable-log-stats", "--uvicorn-log-level", "warning"]
     if hooks:
         cmd += ["--seqhooks", FORMAT["format"], "--max-child-depth", "1", "--fork-min-tokens", "1"]
-    srv = start_command(cmd, port, log_path=workdir / f"{name}.log", timeout=600)
+    # Connections kept open for the whole run: with uvicorn's 5 s default,
+    # the loop's client reused a connection the server was closing after an
+    # idle spell (httpx ReadError, at 64 families, 2 runs of 3).
+    env = {**os.environ, "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "3600"}
+    srv = start_command(cmd, port, log_path=workdir / f"{name}.log", timeout=600, env=env)
     if split:
         split_host(srv.proc.pid)
     return srv, stats

@@ -82,6 +82,9 @@ class SeqHooksMixin:
     _order_output_by_family = False
     #: V2 runner: ``running`` was left in arrival order (families together).
     _running_in_arrival_order = False
+    #: vLLM's own ``_update_request_with_output`` is bound on the instance
+    #: (the last step had no hook work: update_from_output).
+    _stock_updates = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -239,12 +242,16 @@ class SeqHooksMixin:
     # ---------------------------------------------------------- scheduling
     def schedule(self, *args: Any, **kwargs: Any):
         fj = self.fork_join
-        if fj.families:
+        # (each piece of hook work only when there can be some: a step of
+        # plain requests costs what it costs stock vLLM, within a microsecond)
+        if fj.families and (fj.child_deadlines or fj.timed_families or fj.families_to_cut):
             for cut in self.family_limits.enforce():
                 self.end_children(cut.child_ids, cut.status, cut.outcome, cut.reason)
         if fj.deferred_children:
             self.spawning.spawn_deferred()
-        self.kv_pressure.maybe_spill()
+        parked = fj.num_parked
+        if parked or self.splicing.held:
+            self.kv_pressure.maybe_spill()
         if fj.children:
             self.kv_pressure.order_for_preemption()
             if self.hooks.fair_share:
@@ -254,7 +261,10 @@ class SeqHooksMixin:
         # they parked (see parking.park). Counting them would keep their own
         # children out of the batch (deadlock with few slots).
         try:
-            with vllm_private.parked_not_waiting(self, fj.num_parked):
+            if parked:
+                with vllm_private.parked_not_waiting(self, parked):
+                    out = super().schedule(*args, **kwargs)
+            else:
                 out = super().schedule(*args, **kwargs)
         finally:
             fj.share_step = None
@@ -327,17 +337,16 @@ class SeqHooksMixin:
     # -------------------------------------------------------------- output
     def update_from_output(self, scheduler_output, model_runner_output):
         fj = self.fork_join
-        if not (fj.loud or fj.stop_watch) and fj.watched_ids.isdisjoint(
-                chain.from_iterable(model_runner_output.sampled_token_ids)):
+        stock = not (fj.loud or fj.stop_watch) and fj.watched_ids.isdisjoint(
+            chain.from_iterable(model_runner_output.sampled_token_ids))
+        if stock is not self._stock_updates:
             # No request has hook work in this step: vLLM's own method
-            # serves every request (bound on this instance for the step),
-            # so a step costs what it costs stock vLLM.
-            # (looked up here: vLLM's tests build schedulers without __init__)
-            vllm_update = vllm_private.vllm_request_update(super())
-            with vllm_private.stock_request_updates(self, vllm_update):
-                outputs = super().update_from_output(scheduler_output, model_runner_output)
-        else:
-            outputs = super().update_from_output(scheduler_output, model_runner_output)
+            # serves every request (bound on this instance until a step has
+            # hook work), so such a step costs what it costs stock vLLM.
+            # (super() here: vLLM's tests build schedulers without __init__)
+            vllm_private.bind_stock_request_updates(self, super() if stock else None)
+            self._stock_updates = stock
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
         if fj.idle:
             return outputs
         parked_now = fj.lifecycle.take_parked_this_step()
@@ -360,6 +369,8 @@ class SeqHooksMixin:
         # subtracts as waiting streaming sessions: they do not count.
         fj = self.fork_join
         pending = len(fj.ready_joins) + len(fj.pending_outputs)
+        if not fj.num_parked:
+            return super().get_num_unfinished_requests() + pending
         with vllm_private.parked_not_waiting(self, fj.num_parked):
             return super().get_num_unfinished_requests() + pending
 

@@ -59,7 +59,7 @@ from vllm_seqhooks.engine.vllm_private.runner import (
 from vllm_seqhooks.engine.vllm_private.scheduler_calls import (
     count_as_rejected,
     request_update_for_hooks,
-    stock_request_updates,
+    bind_stock_request_updates,
     vllm_request_update,
 )
 from vllm_seqhooks.engine.vllm_private.scheduler_port import SchedulerPort
@@ -95,7 +95,7 @@ __all__ = [
     "world_cpu_group",
     "share_block_hashes",
     "splice_problems", "v2_model_runner_problems", "v2_splice_problems",
-    "SchedulerPort", "count_as_rejected", "request_update_for_hooks", "stock_request_updates",
+    "SchedulerPort", "count_as_rejected", "request_update_for_hooks", "bind_stock_request_updates",
     "vllm_request_update", "park_stopped", "parked_not_waiting", "session_problems",
     "unqueue_parked",
 ]

@@ -27,7 +27,7 @@ OVERRIDES: tuple[Override, ...] = (
         why="every token a request with hooks samples is scanned here: promises, <sync>, "
             "fork tags, child budgets, stops cut inside accepted drafts (speculative "
             "decoding); a step in which no request has hook work binds vLLM's own method "
-            "for the step (scheduler_calls.stock_request_updates)",
+            "for the step (scheduler_calls.bind_stock_request_updates)",
         relies_on="update_from_output calls it once per request and step with the new "
                   "token ids, and keeps what it returns (kept tokens, stopped); on 0.32 "
                   "AsyncScheduler overrides it for output placeholders and the hook "

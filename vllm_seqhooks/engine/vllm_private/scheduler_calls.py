@@ -5,8 +5,7 @@ does (signatures checked at start-up: ``SCHEDULER_METHODS`` in
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from vllm_seqhooks.engine.vllm_private.releases import installed
 
@@ -66,14 +65,13 @@ def request_update_for_hooks(base: Any) -> Callable[..., tuple[list[int], bool]]
     return update_rolling_back
 
 
-@contextmanager
-def stock_request_updates(sched: Any, vllm_method: Callable[..., Any]) -> Iterator[None]:
-    """For the vLLM call inside (``update_from_output``), ``sched``'s
-    ``_update_request_with_output`` is ``vllm_method`` (vLLM's own, from
-    :func:`vllm_request_update`): a step in which no request has hook work
-    costs what it costs stock vLLM (no override in the per-request loop)."""
-    sched._update_request_with_output = vllm_method
-    try:
-        yield
-    finally:
+def bind_stock_request_updates(sched: Any, base: Any) -> None:
+    """From now on ``sched``'s ``_update_request_with_output`` (which only
+    vLLM's ``update_from_output`` calls) is ``base``'s, vLLM's own
+    (``base``: ``super()`` seen from the hook scheduler): steps in which no
+    request has hook work cost what they cost stock vLLM (no override in the
+    per-request loop). ``base`` None: the hook scheduler's override again."""
+    if base is None:
         del sched._update_request_with_output
+    else:
+        sched._update_request_with_output = base._update_request_with_output
