@@ -223,6 +223,9 @@ REGISTRY: dict[tuple[str, str], Handler] = {
             "the GPU-timed grid: two servers per profile and minutes of modelled GPU steps on "
             "both cores; CI runs its smoke (tests/test_gpu_timed_grid.py)"),
     }),
+    ("docs/benchmarks/gpu_timed.md", "python -m benchmarks.gpu_timed --out"): Options(
+        "the GPU-timed grid that wrote the page: 40 minutes of both cores; CI runs its smoke "
+        "(tests/test_gpu_timed_grid.py)"),
     # --------------------------------------------------------- docs/formats
     ("docs/formats/README.md", "--seqhooks npr --fork-min-tokens 64"): Flags(),
     ("docs/formats/README.md", 'LLM(model, special_kwargs="threadweaver")'): Kwargs(),

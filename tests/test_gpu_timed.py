@@ -220,13 +220,14 @@ def test_the_grid_report_gives_the_ratios_per_profile_and_size():
                           native_vs_sequential=0.6, native_vs_loop=0.75,
                           native_vs_critical_path=1.2, in_process_vs_loop=0.7,
                           plain_hooks_vs_stock_cpu_per_step=1.04,
+                          plain_hooks_vs_stock_cpu_per_request_step=1.0,
                           native_vs_loop_per_request_step=0.75,
                           native_fits_step=True, stock_fits_step=True, host_kept_up=False)
     assert not got[1]["native_fits_step"] and got[1]["host_kept_up"]
     assert largest_fitting(rows) == {"h100-sxm/qwen3-8b": 4}
     page = markdown(rows, "python -m benchmarks.gpu_timed --smoke")
     assert "| h100-sxm/qwen3-8b | 4 | 1.02 | 0.6 | 0.75 | 1.2 | 0.7 | False |" in page
-    assert "| h100-sxm/qwen3-8b | 16 | 1.04 | 0.75 | False | True |" in page
+    assert "| h100-sxm/qwen3-8b | 16 | 1.04 | 1.0 | 0.75 | False | True |" in page
     assert "fits the modelled step, h100-sxm/qwen3-8b: 4" in page
 
 

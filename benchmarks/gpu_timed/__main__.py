@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default="h100-sxm/qwen2.5-1.5b,h100-sxm/qwen3-8b,"
                         "h100-sxm/qwen3-32b")
     parser.add_argument("--sizes", default="1,16,64,256")
-    parser.add_argument("--scale", type=float, default=0.125)
+    parser.add_argument("--scale", type=float, default=0.0625)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)

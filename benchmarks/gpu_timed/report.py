@@ -41,6 +41,9 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 in_process_vs_loop=round(p50["native-in-process"] / p50["loop"], 3),
                 plain_hooks_vs_stock_cpu_per_step=round(
                     cpu["plain-hooks"] / cpu["plain-stock"], 3),
+                plain_hooks_vs_stock_cpu_per_request_step=round(
+                    c["plain-hooks"]["engine_cpu_per_request_step_us"]
+                    / c["plain-stock"]["engine_cpu_per_request_step_us"], 3),
                 native_vs_loop_per_request_step=round(
                     c["native"]["engine_cpu_per_request_step_us"]
                     / c["loop"]["loop_cpu_per_request_step_us"], 3),
@@ -68,7 +71,13 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
     lines = ["# GPU-timed grid", "", "Modelled: each engine step waits as long as the named "
              "GPU would take for it (docs/benchmarks/gpu_timed_model.md); everything else "
              "(vLLM's server, engine core, scheduler, async scheduling, the clients) is real "
-             "and runs on this machine's CPU.", "", "```bash", command, "```", "",
+             "and runs on this machine's CPU: each engine's processes on one half of the "
+             "cores, the API servers and the clients on the other "
+             "(benchmarks/gpu_timed/host_split.py). Where `host kept up` is False, the "
+             "modelled GPU was idle for more than a tenth of the run's wall time: the host "
+             "(here two cores) fell behind, so that row's latencies are partly the host's "
+             "(for the loop, also its own round trips, which leave a GPU waiting on any "
+             "host).", "", "```bash", command, "```", "",
              "## Ratios (p50 family latency)", "",
              "| profile | families | A/A | native / sequential | native / loop "
              "| native / critical path | native in-process / loop | host kept up |",
@@ -82,12 +91,14 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
               "Scheduler thread-CPU (schedule, update from output, add request) per step "
               "and per scheduled request-step.", "",
               "| profile | families | plain traffic: hooks / stock, per step "
+              "| per request-step "
               "| native / loop (its client's CPU counted), per request-step "
               "| native fits the step | stock fits the step |",
-              "| --- | ---: | ---: | ---: | --- | --- |"]
+              "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in ratios(rows):
         lines.append(f"| {r['profile']} | {r['families']} | "
                      f"{r['plain_hooks_vs_stock_cpu_per_step']} | "
+                     f"{r['plain_hooks_vs_stock_cpu_per_request_step']} | "
                      f"{r['native_vs_loop_per_request_step']} | {r['native_fits_step']} | "
                      f"{r['stock_fits_step']} |")
     lines += [""] + [f"Largest number of families at once at which native's scheduler fits "
