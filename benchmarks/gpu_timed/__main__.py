@@ -12,8 +12,9 @@ traffic (nothing forking) on the stock and on the hooks server. Prints a JSON ro
 run and writes ``gpu_timed.json``, ``gpu_timed.md`` and the chart
 ``gpu_timed.png`` (with matplotlib) into ``--out`` (a new temporary
 directory by default); ``--write-docs`` also writes them into
-``docs/benchmarks/``. ``--smoke``: one profile, 2 families, short traces: a
-check that every configuration runs, not figures.
+``docs/benchmarks/``. ``--smoke``: one profile, 2 families, short traces,
+plain traffic once per server: a check that every configuration runs, not
+figures.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class Engines:
 
 
 def run_size(engines: Engines, profile: str, fams: list, model: str, book, tok,
-             workdir: Path) -> list[dict]:
+             workdir: Path, plain_repeats: int) -> list[dict]:
     from benchmarks.gpu_timed import grid, in_process
 
     rows = []
@@ -99,19 +100,19 @@ def run_size(engines: Engines, profile: str, fams: list, model: str, book, tok,
                                    plain=config.startswith("plain"))
         rows.append(grid.row(config, profile, fams, run, *engines.counters_around(config)))
         print(json.dumps(rows[-1]), flush=True)
-    return rows + plain_rows(engines, profile, fams, model, workdir)
+    return rows + plain_rows(engines, profile, fams, model, workdir, plain_repeats)
 
 
 def plain_rows(engines: Engines, profile: str, fams: list, model: str,
-               workdir: Path) -> list[dict]:
+               workdir: Path, repeats: int) -> list[dict]:
     """Plain traffic on the stock and the hooks server, alternately
-    :data:`grid.PLAIN_REPEATS` times (a few seconds each): for each, the
+    ``repeats`` times (a few seconds each): for each, the
     run with the median scheduler CPU per step, with the range over the
     repeats (how far apart two runs of the same server fall)."""
     from benchmarks.gpu_timed import grid
 
     runs: dict[str, list[dict]] = {"plain-stock": [], "plain-hooks": []}
-    for _ in range(grid.PLAIN_REPEATS):
+    for _ in range(repeats):
         for config, done in runs.items():
             run = grid.bench_serve(engines.server_for(config).url, model, fams, workdir,
                                    plain=True)
@@ -122,7 +123,8 @@ def plain_rows(engines: Engines, profile: str, fams: list, model: str,
     return rows
 
 
-def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path) -> list[dict]:
+def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path,
+                plain_repeats: int = 3) -> list[dict]:
     from transformers import AutoTokenizer
 
     from vllm_seqhooks.scripted.params import encode_script
@@ -144,11 +146,17 @@ def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path) -> 
         for n in sizes:
             fams = grid.families(tok, book, n, first)
             first += 10 * n + 1000
-            rows += run_size(engines, profile, fams, model, book, tok, workdir)
+            rows += run_size(engines, profile, fams, model, book, tok, workdir, plain_repeats)
     finally:
         engines.stop()
         os.sched_setaffinity(0, own_cpus)
     return rows
+
+
+def grid_plain_repeats() -> int:
+    from benchmarks.gpu_timed.grid import PLAIN_REPEATS
+
+    return PLAIN_REPEATS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(x) for x in args.sizes.split(",")]
     rows = []
     for profile in args.profiles.split(","):
-        rows += run_profile(profile, sizes, args.scale, out / profile.replace("/", "_"))
+        rows += run_profile(profile, sizes, args.scale, out / profile.replace("/", "_"),
+                            plain_repeats=1 if args.smoke else grid_plain_repeats())
     command = "python -m benchmarks.gpu_timed " + " ".join(argv if argv is not None
                                                             else sys.argv[1:])
     from benchmarks.gpu_timed.chart import chart
