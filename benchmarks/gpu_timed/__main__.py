@@ -124,7 +124,7 @@ def plain_rows(engines: Engines, profile: str, fams: list, model: str,
 
 
 def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path,
-                plain_repeats: int = 3) -> list[dict]:
+                plain_repeats: int) -> list[dict]:
     from transformers import AutoTokenizer
 
     from vllm_seqhooks.scripted.params import encode_script
@@ -153,12 +153,6 @@ def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path,
     return rows
 
 
-def grid_plain_repeats() -> int:
-    from benchmarks.gpu_timed.grid import PLAIN_REPEATS
-
-    return PLAIN_REPEATS
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true")
@@ -169,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
+    from benchmarks.gpu_timed.grid import PLAIN_REPEATS
+
     if args.smoke:
         args.profiles, args.sizes, args.scale = "h100-sxm/qwen2.5-1.5b", "2", 0.02
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -177,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for profile in args.profiles.split(","):
         rows += run_profile(profile, sizes, args.scale, out / profile.replace("/", "_"),
-                            plain_repeats=1 if args.smoke else grid_plain_repeats())
+                            plain_repeats=1 if args.smoke else PLAIN_REPEATS)
     command = "python -m benchmarks.gpu_timed " + " ".join(argv if argv is not None
                                                             else sys.argv[1:])
     from benchmarks.gpu_timed.chart import chart
