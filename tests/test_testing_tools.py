@@ -665,3 +665,20 @@ def test_stale_cpu_tp_segments_are_removed_and_mapped_ones_kept(tmp_path):
     assert removed == ["4242-tp:0-[0-1]-cpushm_0"]
     assert sorted(p.name for p in shm.iterdir()) == [
         "4242-tp:0-[0-1]-cpushm_1", "5151-tp:0-[0-1]-cpushm_0", "other-segment"]
+
+
+def test_each_vllm_release_has_its_own_vllm_cache_whatever_xdg_cache_home(tmp_path):
+    """vLLM 0.32 and 0.33 cannot read each other's model-info cache entry,
+    and the suite runs both at once (tests/support/vllm_cache.py): every
+    process a test starts gets this release's own ``VLLM_CACHE_ROOT``, also
+    one given a temporary ``XDG_CACHE_HOME``."""
+    from importlib.metadata import version
+
+    root = os.environ["VLLM_CACHE_ROOT"]
+    assert Path(root).name == version("vllm")
+    child = subprocess.run(
+        [sys.executable, "-c", "import vllm.envs as e; print(e.VLLM_CACHE_ROOT)"],
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}, capture_output=True, text=True,
+        timeout=120)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip().splitlines()[-1] == root
