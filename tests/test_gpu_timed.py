@@ -237,3 +237,14 @@ def test_the_median_row_of_repeats_keeps_the_range():
     rows = [{"cpu": 3.0, "n": 1}, {"cpu": 1.0, "n": 2}, {"cpu": 2.0, "n": 3}]
     assert median_row(rows, "cpu") == {"cpu": 2.0, "n": 3, "cpu_range": [1.0, 3.0], "repeats": 3}
     assert median_row(rows[:2], "cpu")["cpu"] == 1.0  # (even: the lower middle)
+
+
+def test_the_engine_size_is_one_dict_given_as_flags_to_the_servers():
+    from benchmarks.gpu_timed.engine_args import ENGINE_SIZE, serve_flags
+    from benchmarks.gpu_timed.grid import MAX_MODEL_LEN
+
+    assert serve_flags({"enforce_eager": True, "max_num_seqs": 1024, "block_size": 32}) == [
+        "--enforce-eager", "--max-num-seqs", "1024", "--block-size", "32"]
+    flags = serve_flags(ENGINE_SIZE)
+    assert flags[flags.index("--kv-cache-memory-bytes") + 1] == str(1 << 30)
+    assert MAX_MODEL_LEN == ENGINE_SIZE["max_model_len"] == 4096

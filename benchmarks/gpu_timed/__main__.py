@@ -48,8 +48,7 @@ class Engines:
                         for name, mode in (("stock", "sequential"), ("native", "native"))}
             try:
                 self.llm, llm_stats = in_process.start_engine(
-                    model, profile, workdir, scale=scale, prompt_tokens=grid.PROMPT_TOKENS,
-                    max_model_len=grid.MAX_MODEL_LEN)
+                    model, profile, workdir, scale=scale, prompt_tokens=grid.PROMPT_TOKENS)
             finally:
                 for name, future in starting.items():
                     if future.exception() is None:

@@ -1,5 +1,7 @@
 """The engine arguments that make an engine GPU-timed (``LLM`` keyword
-arguments; :mod:`.serve` turns them into ``vllm serve`` flags)."""
+arguments; :mod:`.serve` turns them into ``vllm serve`` flags), and the
+size of the grid's engines (one source: :data:`ENGINE_SIZE`, as flags
+:func:`serve_flags`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,23 @@ from benchmarks.gpu_timed.profiles import parse_profile
 from benchmarks.gpu_timed.timed_scheduler import TIMED_SCHEDULER_PATH
 
 WORKER_CLS = "benchmarks.gpu_timed.worker.GpuTimedWorker"
+
+#: The size of every GPU-timed engine the grid starts (its two servers, its
+#: in-process ``LLM``; also :mod:`.families`): the tiny model's 4096
+#: positions, up to 1024 requests and 8192 tokens a step (256 families'
+#: parallel threads at once), 32-token blocks, 1 GiB of KV cache.
+ENGINE_SIZE: dict[str, Any] = dict(
+    enforce_eager=True, dtype="float32", max_model_len=4096, max_num_seqs=1024,
+    max_num_batched_tokens=8192, block_size=32, kv_cache_memory_bytes=1 << 30)
+
+
+def serve_flags(kwargs: dict[str, Any]) -> list[str]:
+    """``LLM`` keyword arguments as ``vllm serve`` flags (``True``: a bare flag)."""
+    flags: list[str] = []
+    for name, value in kwargs.items():
+        flag = "--" + name.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
 
 
 def gpu_timed_engine_args(profile: str, *, filler_token: int, stats_path: str | None = None,

@@ -41,10 +41,9 @@ PROMPT_TOKENS = 128
 def _engine(config: str, profile: str, model: str, stats: Path):
     from vllm_seqhooks.scripted.tiny_model import TINY_ENGINE_KWARGS
 
-    from benchmarks.gpu_timed.engine_args import gpu_timed_engine_args
+    from benchmarks.gpu_timed.engine_args import ENGINE_SIZE, gpu_timed_engine_args
 
-    kw = {**TINY_ENGINE_KWARGS, "kv_cache_memory_bytes": 1 << 30, "max_num_seqs": 1024,
-          "max_model_len": 4096, "max_num_batched_tokens": 8192,
+    kw = {**TINY_ENGINE_KWARGS, **ENGINE_SIZE,
           **gpu_timed_engine_args(profile, filler_token=40, stats_path=str(stats),
                                   scheduler_stats_path=f"{stats}.sched",
                                   hooks=config == "native")}

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu_timed.engine_args import ENGINE_SIZE, serve_flags
 from benchmarks.gpu_timed.trace_book import PLAIN_KEY, TraceBook, prompt_text
 
 FORMAT = {"format": "threadweaver", "max_child_depth": 1, "fork_min_tokens": 1}
@@ -59,7 +60,7 @@ PROMPT_TOKENS = 64
 #: how many times each server's run is repeated (alternately).
 PLAIN_TOKENS = 256
 PLAIN_REPEATS = 3
-MAX_MODEL_LEN = 4096  # the tiny model's positions
+MAX_MODEL_LEN = ENGINE_SIZE["max_model_len"]
 
 
 @dataclass(frozen=True)
@@ -247,10 +248,8 @@ def server(model: str, profile: str, workdir: Path, name: str, *, trace_mode: st
            "--filler-token", "40", "--stats-path", str(stats),
            "--scheduler-stats-path", f"{stats}.sched", "--trace-mode", trace_mode,
            "--trace-scale", str(scale), "--trace-prompt-tokens", str(PROMPT_TOKENS),
-           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--dtype", "float32",
-           "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "1024",
-           "--max-num-batched-tokens", "8192", "--block-size", "32",
-           "--kv-cache-memory-bytes", str(1 << 30), "--enable-prompt-tokens-details",
+           "--host", "127.0.0.1", "--port", str(port), *serve_flags(ENGINE_SIZE),
+           "--enable-prompt-tokens-details",
            "--disable-log-stats", "--uvicorn-log-level", "warning"]
     if hooks:
         cmd += ["--seqhooks", FORMAT["format"], "--max-child-depth", "1", "--fork-min-tokens", "1"]

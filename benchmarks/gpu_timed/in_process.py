@@ -21,13 +21,13 @@ FILLER_TOKEN = 40
 
 
 def start_engine(model: str, profile: str, workdir: Path, *, scale: float,
-                 prompt_tokens: int, max_model_len: int):
+                 prompt_tokens: int):
     """The engine (and its counters' file), its processes moved to the
     engine half of the CPUs (:mod:`.host_split`)."""
     from tests.support.async_scheduling import force_async_scheduling
     from vllm_seqhooks.llm import LLM
 
-    from benchmarks.gpu_timed.engine_args import gpu_timed_engine_args
+    from benchmarks.gpu_timed.engine_args import ENGINE_SIZE, gpu_timed_engine_args
     from benchmarks.gpu_timed.grid import FORMAT
     from benchmarks.gpu_timed.host_split import split_host
     from benchmarks.gpu_timed.timed_scheduler import time_the_hook_scheduler
@@ -35,9 +35,7 @@ def start_engine(model: str, profile: str, workdir: Path, *, scale: float,
     force_async_scheduling()
     time_the_hook_scheduler()
     stats = workdir / "native-in-process.stats.json"
-    kw = dict(enforce_eager=True, dtype="float32", max_model_len=max_model_len,
-              max_num_seqs=1024, max_num_batched_tokens=8192, block_size=32,
-              kv_cache_memory_bytes=1 << 30, disable_log_stats=True,
+    kw = dict(**ENGINE_SIZE, disable_log_stats=True,
               **gpu_timed_engine_args(profile, filler_token=FILLER_TOKEN,
                                       stats_path=str(stats),
                                       scheduler_stats_path=f"{stats}.sched", hooks=True,
