@@ -9,8 +9,8 @@ traces written sequentially (their threads run side by side), every
 configuration returns the same number of tokens (the sequential text is the
 merged one), and plain traffic forks nothing on the hooks server.
 
-Over 60 s: two servers, each three processes importing torch and vLLM, and
-about 20 modelled GPU seconds of steps (h100-sxm/qwen2.5-1.5b); it runs in
+About a minute: two servers, each three processes importing torch and vLLM, and
+about 12 modelled GPU seconds of steps (h100-sxm/qwen2.5-1.5b); it runs in
 the suite's second lane (scripts/test.sh)."""
 
 from __future__ import annotations

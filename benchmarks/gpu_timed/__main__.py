@@ -158,14 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default="h100-sxm/qwen2.5-1.5b,h100-sxm/qwen3-8b,"
                         "h100-sxm/qwen3-32b")
     parser.add_argument("--sizes", default="1,16,64,256")
-    parser.add_argument("--scale", type=float, default=0.0625)
+    parser.add_argument("--scale", type=float, default=0.04)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
     from benchmarks.gpu_timed.grid import PLAIN_REPEATS
 
     if args.smoke:
-        args.profiles, args.sizes, args.scale = "h100-sxm/qwen2.5-1.5b", "2", 0.02
+        args.profiles, args.sizes, args.scale = "h100-sxm/qwen2.5-1.5b", "2", 0.01
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = args.out or Path(tempfile.mkdtemp(prefix="seqhooks-gpu-timed-grid-"))
     sizes = [int(x) for x in args.sizes.split(",")]

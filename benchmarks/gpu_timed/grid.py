@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_timed.engine_args import ENGINE_SIZE, serve_flags
+from benchmarks.gpu_timed.stats_file import SETTLED_S
 from benchmarks.gpu_timed.trace_book import PLAIN_KEY, TraceBook, prompt_text
 
 FORMAT = {"format": "threadweaver", "max_child_depth": 1, "fork_min_tokens": 1}
@@ -194,7 +195,7 @@ def _read(path: Path) -> dict[str, float]:
 
 
 def counters(stats: Path) -> dict[str, float]:
-    time.sleep(0.6)  # (the worker and the scheduler write every 0.25 s)
+    time.sleep(SETTLED_S)  # (the worker's and the scheduler's files catch up)
     return {**_read(stats), **{f"sched_{k}": v for k, v in _read(Path(f"{stats}.sched")).items()}}
 
 

@@ -10,7 +10,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-WRITE_EVERY_S = 0.25
+#: How often the thread looks for a change (a reader waits :data:`SETTLED_S`).
+WRITE_EVERY_S = 0.1
+#: After a run, how long until its last counts are in the file.
+SETTLED_S = 2.5 * WRITE_EVERY_S
 
 
 def write_stats(path: str | os.PathLike[str], counters: dict[str, Any]) -> None:
