@@ -223,8 +223,8 @@ REGISTRY: dict[tuple[str, str], Handler] = {
             "the GPU-timed grid: two servers per profile and minutes of modelled GPU steps on "
             "both cores; CI runs its smoke (tests/test_gpu_timed_grid.py)"),
     }),
-    ("docs/benchmarks/gpu_timed.md", "python -m benchmarks.gpu_timed --out"): Options(
-        "the GPU-timed grid that wrote the page: 40 minutes of both cores; CI runs its smoke "
+    ("docs/benchmarks/gpu_timed.md", "python -m benchmarks.gpu_timed --write-docs"): Options(
+        "the GPU-timed grid that wrote the page: 31 minutes of both cores; CI runs its smoke "
         "(tests/test_gpu_timed_grid.py)"),
     # --------------------------------------------------------- docs/formats
     ("docs/formats/README.md", "--seqhooks npr --fork-min-tokens 64"): Flags(),
