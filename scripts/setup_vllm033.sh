@@ -109,7 +109,10 @@ if [ ! -x "$VENV033/bin/python" ]; then
       [ -e "$entry" ] || continue
       case "$(basename "$entry")" in
         bin|pyvenv.cfg) cp -a "$entry" "$VENV033.partial/" ;;
-        *) cp -al "$entry" "$VENV033.partial/" 2>/dev/null || cp -a "$entry" "$VENV033.partial/" ;;
+        # (a link that fails: what was linked goes, then a copy -- never a
+        # copy over links, which would write into the 0.32 venv's files)
+        *) cp -al "$entry" "$VENV033.partial/" 2>/dev/null || {
+             rm -rf "$VENV033.partial/$(basename "$entry")"; cp -a "$entry" "$VENV033.partial/"; } ;;
       esac
     done
     # A venv's only absolute paths are in bin/ (script shebangs, activate*)

@@ -23,6 +23,8 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from vllm_seqhooks.tasks import cache_dir
+
 ENV_VAR = "VLLM_CACHE_ROOT"
 
 
@@ -32,8 +34,7 @@ def per_release_dir() -> Path:
         release = version("vllm")
     except PackageNotFoundError:
         release = "none"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "vllm-seqhooks" / "test-vllm-cache" / release
+    return cache_dir("test-vllm-cache", release)
 
 
 def pin_vllm_cache_root() -> None:
