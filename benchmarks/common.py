@@ -72,8 +72,9 @@ def default_out_dir() -> Path:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "vllm-seqhooks" / "bench"
+    from vllm_seqhooks.tasks import cache_dir
+
+    return cache_dir("bench")
 
 
 def bench_model(size: str, dtype: str, cache_dir: Path | None = None) -> Path:

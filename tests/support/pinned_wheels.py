@@ -53,8 +53,9 @@ def cache_dir() -> Path:
     override = os.environ.get(CACHE_ENV)
     if override:
         return Path(override)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "vllm-seqhooks" / "tokenizers"
+    from vllm_seqhooks.tasks import cache_dir as user_cache_dir
+
+    return user_cache_dir("tokenizers")
 
 
 def _wheel_glob(package: str, version: str) -> str:
