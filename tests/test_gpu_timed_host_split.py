@@ -49,6 +49,18 @@ def test_the_engine_processes_and_the_frontend_get_different_cpus():
             assert os.sched_getaffinity(int(tid)) == engine_cpus
         assert os.sched_getaffinity(server.pid) == frontend_cpus
         assert os.sched_getaffinity(0) == frontend_cpus  # the clients: this process
+        # A second server, split while this process sits on the frontend
+        # half: its engine still goes to the engine half.
+        second = subprocess.Popen([sys.executable, "-c", _TREE], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            second_engine = int(second.stdout.readline())
+            assert split_host(second.pid) == [second_engine]
+            assert os.sched_getaffinity(second_engine) == engine_cpus != frontend_cpus
+            assert os.sched_getaffinity(second.pid) == frontend_cpus
+        finally:
+            second.kill()
+            second.wait()
     finally:
         os.sched_setaffinity(0, own)
         server.kill()

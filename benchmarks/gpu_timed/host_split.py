@@ -21,11 +21,16 @@ from pathlib import Path
 
 ENGINE_PREFIX = "VLLM::"  # vLLM names its EngineCore and Worker processes so
 
+#: This process's CPUs before any split moved it to the frontend half: every
+#: split divides these (a second server split by what the first one left,
+#: the frontend half alone, had its engine on the frontend's CPU).
+HOST_CPUS = frozenset(os.sched_getaffinity(0))
 
-def halves(cpus: set[int] | None = None) -> tuple[set[int], set[int]]:
-    """(engine CPUs, frontend CPUs): this process's CPUs split in two; on
-    one CPU, both are that one."""
-    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+
+def halves(cpus: set[int] | frozenset[int] = HOST_CPUS) -> tuple[set[int], set[int]]:
+    """(engine CPUs, frontend CPUs): the host's CPUs split in two; on one
+    CPU, both are that one."""
+    cpus = sorted(cpus)
     if len(cpus) < 2:
         return set(cpus), set(cpus)
     half = len(cpus) // 2
