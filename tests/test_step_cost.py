@@ -112,6 +112,43 @@ def test_open_payloads_and_open_children_cost_only_their_hook_tokens(async_sched
 
 
 @MODES
+def test_schedule_is_vllms_own_while_no_fork_join_is_in_flight(async_sched, monkeypatch):
+    """The hook scheduler's own schedule() runs only while a family has
+    fork/join work in flight or pending (from the step after its fork to the
+    step that counts its join's prefill); before the fork and after the
+    join, vLLM's own schedule() serves every step (the harness checks at
+    every step that no such work is pending then)."""
+    h = SchedHarness(async_sched)
+    for i in range(2):
+        h.add(f"r{i}", prompt(12, 10 + i), max_tokens=40)
+    h.add("f", prompt(12), max_tokens=16, script=[40] * 6 + [P, 41, E, 42, S] + [43] * 20)
+    h.scripts[child_id("f", 0)] = [60, 61, 62, EOS]
+    cls = type(h.sched)
+    with_hooks = cls._schedule_with_hooks
+    steps: list[bool] = []
+
+    def counted(self, *args, **kwargs):
+        steps[-1] = True
+        return with_hooks(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "_schedule_with_hooks", counted)
+    orig_schedule = h.sched.schedule
+
+    def schedule(*args, **kwargs):
+        steps.append(False)
+        return orig_schedule(*args, **kwargs)
+
+    h.sched.schedule = schedule
+    h.run(max_steps=120)
+    assert all(h.finish_reasons[rid] is not None for rid in ("r0", "r1", "f"))
+    first, last = steps.index(True), len(steps) - 1 - steps[::-1].index(True)
+    assert first >= 7  # the prefill and six plain tokens: vLLM's own
+    assert all(steps[first:last + 1])  # one stretch, the family's
+    assert last < len(steps) - 20  # then vLLM's own to the end
+    assert h.tokens["f"][:11] == [40] * 6 + [P, 41, E, 42, S]
+
+
+@MODES
 def test_steps_with_only_children_running_are_vllms_own(async_sched, monkeypatch):
     """While its parents are parked, a step whose children sample no hook
     token is served by vLLM's own per-request update for every request: a

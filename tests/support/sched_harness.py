@@ -162,6 +162,8 @@ def check_invariants(sched, scheduler_output=None) -> None:
 
         problems += lifecycle_problems(sched.fork_join)
         problems += sched.fork_join.quiet_problems()
+        if sched._plain and not sched.plain_now():
+            problems.append("steps are vLLM's own (_plain) with fork/join work pending")
     if problems:
         raise InvariantError("; ".join(problems))
 

@@ -85,6 +85,10 @@ class SeqHooksMixin:
     #: vLLM's own ``_update_request_with_output`` is bound on the instance
     #: (the last step had no hook work: update_from_output).
     _stock_updates = False
+    #: No fork/join work in flight or pending (``plain_now``, noted after
+    #: each step with hook work and at each request's admission): a step is
+    #: vLLM's own but for the look for watched tokens in update_from_output.
+    _plain = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -121,6 +125,7 @@ class SeqHooksMixin:
             # the worker patches in each worker process: install them here,
             # which covers a worker running in this process.
             patches.install_worker_patches()
+        self._plain = True
         logger.info("sequence hooks on: %s", self.hooks.summary())
 
     def _build_parts(self, vllm_config) -> None:
@@ -162,6 +167,8 @@ class SeqHooksMixin:
             self.admission.admit(request)
         except Exception:  # never fail a request the engine already queued
             logger.exception("%s: sequence hooks off for this request", request.request_id)
+        if self._plain:  # (a child, or a family with a deadline, has work)
+            self._note_plain()
 
     def finish_requests(
         self, request_ids: str | Iterable[str] | None, finished_status: RequestStatus
@@ -240,7 +247,22 @@ class SeqHooksMixin:
         return super()._free_request(request, *args, **kwargs)
 
     # ---------------------------------------------------------- scheduling
+    def plain_now(self) -> bool:
+        """No fork/join work in flight or pending, splice joins' included."""
+        return self.fork_join.plain and not self.splicing.busy
+
+    def _note_plain(self) -> None:
+        plain = self.plain_now()
+        if plain and not self._plain:
+            self._running_in_arrival_order = False  # (vLLM's own steps reorder it)
+        self._plain = plain
+
     def schedule(self, *args: Any, **kwargs: Any):
+        if self._plain:
+            return super().schedule(*args, **kwargs)
+        return self._schedule_with_hooks(*args, **kwargs)
+
+    def _schedule_with_hooks(self, *args: Any, **kwargs: Any):
         fj = self.fork_join
         # (each piece of hook work only when there can be some: a step of
         # plain requests costs what it costs stock vLLM, within a microsecond)
@@ -347,7 +369,10 @@ class SeqHooksMixin:
             vllm_private.bind_stock_request_updates(self, super() if stock else None)
             self._stock_updates = stock
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if stock and self._plain:
+            return outputs  # (no watched token: nothing can have started)
         if fj.idle:
+            self._note_plain()
             return outputs
         parked_now = fj.lifecycle.take_parked_this_step()
         if parked_now:  # (read only on a release that queued them: a generator)
@@ -360,6 +385,7 @@ class SeqHooksMixin:
         self.step_outputs.deliver_pending(outputs)
         fj.ended_children.clear()
         self._publish_metrics()
+        self._note_plain()
         return outputs
 
     def get_num_unfinished_requests(self) -> int:
@@ -367,6 +393,8 @@ class SeqHooksMixin:
         # outside) is delivered by the next step: keep the engine stepping.
         # Parked requests wait outside vLLM's queues (parking), which vLLM
         # subtracts as waiting streaming sessions: they do not count.
+        if self._plain:
+            return super().get_num_unfinished_requests()
         fj = self.fork_join
         pending = len(fj.ready_joins) + len(fj.pending_outputs)
         if not fj.num_parked:

@@ -105,6 +105,12 @@ class Splicing:
         #: Parents on their first child's blocks: (that child, tokens).
         self.adopted: dict[str, tuple[str, int]] = {}
 
+    @property
+    def busy(self) -> bool:
+        """Whether some request's blocks or positions are the splice
+        joins' to look after."""
+        return bool(self.held or self.pending or self.maps or self.adopted)
+
     # ---------------------------------------------------------- children
     def drains(self, child_id: str) -> bool:
         """A child that ends at its end tag computes the tag's KV first."""

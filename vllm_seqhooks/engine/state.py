@@ -188,6 +188,16 @@ class ForkJoinState:
         return not (self.children or self.lifecycle.parked_this_step or self.pending_outputs
                     or self.ready_joins or self.ended_children or self.tree.nodes)
 
+    @property
+    def plain(self) -> bool:
+        """Nothing in flight and nothing pending for the next step: no
+        parked parent, deferred child, join's prefill being counted, family
+        deadline or family to cut (a step is vLLM's own unless a request
+        samples a watched token)."""
+        return self.idle and not (self.lifecycle.num_parked or self.deferred_children
+                                  or self.accounting or self.timed_families
+                                  or self.families_to_cut)
+
     def set_quiet(self, st: HookState, quiet_ids: frozenset[int] | None) -> None:
         """Set ``st.quiet_ids`` (None: the request is loud)."""
         st.quiet_ids = quiet_ids
