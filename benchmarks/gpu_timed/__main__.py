@@ -35,12 +35,15 @@ class Engines:
     """One profile's engines: the stock and the hooks server and the
     in-process ``LLM``, started at once (the servers boot in their own
     processes while this one builds the ``LLM``), and each one's counters
-    (the worker's and the scheduler's files, read once after each run: a
+    (the worker's and the scheduler's files, read once after each run, when
+    every engine is idle again (``idle_s``, :data:`.grid.IDLE_ENGINES_S`): a
     run's "before" is the previous run's "after" on that engine)."""
 
-    def __init__(self, model: str, profile: str, workdir: Path, scale: float) -> None:
+    def __init__(self, model: str, profile: str, workdir: Path, scale: float,
+                 idle_s: float) -> None:
         from benchmarks.gpu_timed import grid, in_process
 
+        self.idle_s = idle_s
         self.servers, self.llm = {}, None
         with ThreadPoolExecutor(2) as pool:
             starting = {name: pool.submit(grid.server, model, profile, workdir, name,
@@ -71,7 +74,7 @@ class Engines:
 
         path = self.stats.get({"plain-hooks": "native"}.get(config, config),
                               self.stats["stock"])
-        before, self._last[path] = self._last[path], grid.counters(path)
+        before, self._last[path] = self._last[path], grid.counters(path, self.idle_s)
         return before, self._last[path]
 
     def stop(self) -> None:
@@ -123,7 +126,7 @@ def plain_rows(engines: Engines, profile: str, fams: list, model: str,
 
 
 def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path,
-                plain_repeats: int) -> list[dict]:
+                plain_repeats: int, idle_s: float) -> list[dict]:
     from transformers import AutoTokenizer
 
     from vllm_seqhooks.scripted.params import encode_script
@@ -139,7 +142,7 @@ def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path,
                      lambda text: encode_script(tok, text))
     workdir.mkdir(parents=True, exist_ok=True)
     own_cpus = os.sched_getaffinity(0)  # (the engines move this process to the frontend half)
-    engines = Engines(model, profile, workdir, scale)
+    engines = Engines(model, profile, workdir, scale, idle_s)
     rows, first = [], 0
     try:
         for n in sizes:
@@ -158,11 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", default="h100-sxm/qwen2.5-1.5b,h100-sxm/qwen3-8b,"
                         "h100-sxm/qwen3-32b")
     parser.add_argument("--sizes", default="1,16,64,256")
-    parser.add_argument("--scale", type=float, default=0.04)
+    parser.add_argument("--scale", type=float, default=0.035)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args(argv)
-    from benchmarks.gpu_timed.grid import PLAIN_REPEATS
+    from benchmarks.gpu_timed.grid import IDLE_ENGINES_S, PLAIN_REPEATS
 
     if args.smoke:
         args.profiles, args.sizes, args.scale = "h100-sxm/qwen2.5-1.5b", "2", 0.01
@@ -172,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for profile in args.profiles.split(","):
         rows += run_profile(profile, sizes, args.scale, out / profile.replace("/", "_"),
-                            plain_repeats=1 if args.smoke else PLAIN_REPEATS)
+                            plain_repeats=1 if args.smoke else PLAIN_REPEATS,
+                            # (the smoke's figures are not compared: no wait)
+                            idle_s=0.0 if args.smoke else IDLE_ENGINES_S)
     command = "python -m benchmarks.gpu_timed " + " ".join(argv if argv is not None
                                                             else sys.argv[1:])
     from benchmarks.gpu_timed.chart import chart

@@ -59,8 +59,14 @@ PROMPT_TOKENS = 64
 #: Tokens each request of the plain-traffic runs writes (all at once, so the
 #: same requests are live for about this many steps on both servers), and
 #: how many times each server's run is repeated (alternately).
-PLAIN_TOKENS = 256
+PLAIN_TOKENS = 192
 PLAIN_REPEATS = 3
+#: vLLM's shared-memory queue readers spin for a second after their last
+#: message (``shm_broadcast.SpinCondition``'s ``busy_loop_s``): a run that
+#: starts this long after the last one ended has every other engine idle
+#: (else the last run's engine spins on the engines' core into it: per-step
+#: CPU of the same server differed by 10-20 % with the order of the runs).
+IDLE_ENGINES_S = 1.1
 MAX_MODEL_LEN = ENGINE_SIZE["max_model_len"]
 
 
@@ -194,8 +200,10 @@ def _read(path: Path) -> dict[str, float]:
     return json.loads(path.read_text())
 
 
-def counters(stats: Path) -> dict[str, float]:
-    time.sleep(SETTLED_S)  # (the worker's and the scheduler's files catch up)
+def counters(stats: Path, wait_s: float = SETTLED_S) -> dict[str, float]:
+    """The server's counters ``wait_s`` (at least :data:`SETTLED_S`: the
+    worker's and the scheduler's files catch up) after its last run."""
+    time.sleep(max(wait_s, SETTLED_S))
     return {**_read(stats), **{f"sched_{k}": v for k, v in _read(Path(f"{stats}.sched")).items()}}
 
 
