@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from itertools import chain
 from typing import Any, Iterable
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -359,8 +358,15 @@ class SeqHooksMixin:
     # -------------------------------------------------------------- output
     def update_from_output(self, scheduler_output, model_runner_output):
         fj = self.fork_join
-        stock = not (fj.loud or fj.stop_watch) and fj.watched_ids.isdisjoint(
-            chain.from_iterable(model_runner_output.sampled_token_ids))
+        # (plain: no request is loud or has its stop watched; the fewer
+        # objects read here the better: after the GPU's step they are cold)
+        stock = self._plain or not (fj.loud or fj.stop_watch)
+        if stock:
+            watched = fj.watched_ids
+            for ids in model_runner_output.sampled_token_ids:
+                if not watched.isdisjoint(ids):
+                    stock = False
+                    break
         if stock is not self._stock_updates:
             # No request has hook work in this step: vLLM's own method
             # serves every request (bound on this instance until a step has

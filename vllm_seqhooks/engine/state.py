@@ -192,11 +192,11 @@ class ForkJoinState:
     def plain(self) -> bool:
         """Nothing in flight and nothing pending for the next step: no
         parked parent, deferred child, join's prefill being counted, family
-        deadline or family to cut (a step is vLLM's own unless a request
-        samples a watched token)."""
+        deadline or family to cut, loud request or watched stop (a step is
+        vLLM's own unless a request samples a watched token)."""
         return self.idle and not (self.lifecycle.num_parked or self.deferred_children
                                   or self.accounting or self.timed_families
-                                  or self.families_to_cut)
+                                  or self.families_to_cut or self.loud or self.stop_watch)
 
     def set_quiet(self, st: HookState, quiet_ids: frozenset[int] | None) -> None:
         """Set ``st.quiet_ids`` (None: the request is loud)."""
