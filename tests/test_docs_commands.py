@@ -224,7 +224,7 @@ REGISTRY: dict[tuple[str, str], Handler] = {
             "both cores; CI runs its smoke (tests/test_gpu_timed_grid.py)"),
     }),
     ("docs/benchmarks/gpu_timed.md", "python -m benchmarks.gpu_timed --write-docs"): Options(
-        "the GPU-timed grid that wrote the page: 31 minutes of both cores; CI runs its smoke "
+        "the GPU-timed grid that wrote the page: 28 minutes of both cores; CI runs its smoke "
         "(tests/test_gpu_timed_grid.py)"),
     # --------------------------------------------------------- docs/formats
     ("docs/formats/README.md", "--seqhooks npr --fork-min-tokens 64"): Flags(),
