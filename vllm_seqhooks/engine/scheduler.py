@@ -251,7 +251,7 @@ class SeqHooksMixin:
         return self.fork_join.plain and not self.splicing.busy
 
     def _note_plain(self) -> None:
-        if "splicing" not in vars(self):
+        if not hasattr(self, "splicing"):
             return  # built without __init__ (some of vLLM's tests): the hook path, always
         plain = self.plain_now()
         if plain and not self._plain:
