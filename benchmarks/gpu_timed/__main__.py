@@ -68,6 +68,17 @@ class Engines:
     def server_for(self, config: str):
         return self.servers["native" if config in ("native", "plain-hooks") else "stock"][0]
 
+    def reset_prefix_cache(self, config: str) -> None:
+        """Before each run: the engine that runs ``config`` has no prompt
+        cached by an earlier run (:func:`.grid.reset_prefix_cache`)."""
+        from benchmarks.gpu_timed import grid
+
+        if config == "native-in-process":
+            if not self.llm.reset_prefix_cache():
+                raise RuntimeError("the in-process engine's prefix cache could not be reset")
+        else:
+            grid.reset_prefix_cache(self.server_for(config).url)
+
     def counters_around(self, config: str) -> tuple[dict, dict]:
         """(before, after) the run of ``config`` that just ended."""
         from benchmarks.gpu_timed import grid
@@ -92,6 +103,7 @@ def run_size(engines: Engines, profile: str, fams: list, model: str, book, tok,
     for config in grid.CONFIGS:
         if config.startswith("plain"):
             continue
+        engines.reset_prefix_cache(config)
         if config == "loop":
             run = grid.loop_run(engines.server_for(config).url, model, fams, book, tok)
         elif config == "native-in-process":
@@ -116,6 +128,7 @@ def plain_rows(engines: Engines, profile: str, fams: list, model: str,
     runs: dict[str, list[dict]] = {"plain-stock": [], "plain-hooks": []}
     for _ in range(repeats):
         for config, done in runs.items():
+            engines.reset_prefix_cache(config)
             run = grid.bench_serve(engines.server_for(config).url, model, fams, workdir,
                                    plain=True)
             done.append(grid.row(config, profile, fams, run, *engines.counters_around(config)))
