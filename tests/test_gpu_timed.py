@@ -153,12 +153,13 @@ def test_the_scheduler_clock_times_each_call_and_counts_steps_that_compute():
         return out
 
     schedule = clock.wrap("schedule", busy)
-    for tokens in ({"a": 1, "b": 1}, {}):
+    for tokens, plain in (({"a": 1, "b": 1}, True), ({}, True), ({"a": 1}, False)):
         out = schedule(SimpleNamespace(total_num_scheduled_tokens=len(tokens),
                                        num_scheduled_tokens=tokens))
-        clock.count(out)
+        clock.count(out, plain)
     counters = clock.counters()
-    assert counters["steps"] == 1 and counters["request_steps"] == 2
+    assert counters["steps"] == 2 and counters["request_steps"] == 3
+    assert counters["plain_steps"] == 1
     assert counters["schedule_cpu_s"] > 0 and counters["update_from_output_cpu_s"] == 0
     assert counters["scheduler_cpu_s"] == counters["schedule_cpu_s"]
 

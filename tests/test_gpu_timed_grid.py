@@ -7,7 +7,8 @@ or take a step per family: when each request reaches the engine), native's
 families (over HTTP and in-process) take fewer engine steps than the same
 traces written sequentially (their threads run side by side), every
 configuration returns the same number of tokens (the sequential text is the
-merged one), and plain traffic forks nothing on the hooks server.
+merged one), and plain traffic forks nothing on the hooks server, whose
+scheduler runs each of its steps as vLLM's own.
 
 About a minute: two servers, each three processes importing torch and vLLM, and
 about 12 modelled GPU seconds of steps (h100-sxm/qwen2.5-1.5b); it runs in
@@ -61,6 +62,10 @@ def test_the_grid_smoke_runs_every_configuration(tmp_path):
     assert [p["output_tokens"] for p in plain] == [2 * PLAIN_TOKENS] * 2
     assert plain[0]["request_steps"] == plain[1]["request_steps"]
     assert all(p["engine_cpu_per_step_ms"] > 0 for p in plain)
+    # ... and the hook scheduler ran each of its steps as vLLM's own.
+    assert plain[1]["plain_steps"] == plain[1]["engine_steps"] > 0
+    native = rows["native", 2]
+    assert plain[0]["plain_steps"] == 0 and native["plain_steps"] < native["engine_steps"]
     page = (tmp_path / "out" / "gpu_timed.md").read_text()
     assert "| h100-sxm/qwen2.5-1.5b | 2 |" in page
     assert "fits the modelled step, h100-sxm/qwen2.5-1.5b:" in page

@@ -28,13 +28,14 @@ _TIMED = ("schedule", "update_from_output", "add_request")
 
 
 class SchedulerClock:
-    """Thread CPU seconds in each timed call, and the steps that scheduled
-    tokens."""
+    """Thread CPU seconds in each timed call, the steps that scheduled
+    tokens, and how many of those the hook scheduler ran as vLLM's own."""
 
     def __init__(self) -> None:
         self.cpu_s = dict.fromkeys(_TIMED, 0.0)
         self.steps = 0
         self.request_steps = 0
+        self.plain_steps = 0
 
     def wrap(self, name: str, method):
         cpu_s = self.cpu_s
@@ -48,15 +49,18 @@ class SchedulerClock:
 
         return timed
 
-    def count(self, scheduler_output: Any) -> None:
+    def count(self, scheduler_output: Any, plain: bool = False) -> None:
+        """A step; ``plain``: the hook scheduler ran it as vLLM's own (no
+        fork/join work in flight: its ``_plain`` flag)."""
         if scheduler_output.total_num_scheduled_tokens > 0:
             self.steps += 1
             self.request_steps += len(scheduler_output.num_scheduled_tokens)
+            self.plain_steps += plain
 
     def counters(self) -> dict[str, float]:
         return {"steps": self.steps, "request_steps": self.request_steps,
                 **{f"{k}_cpu_s": v for k, v in self.cpu_s.items()},
-                "scheduler_cpu_s": sum(self.cpu_s.values())}
+                "scheduler_cpu_s": sum(self.cpu_s.values()), "plain_steps": self.plain_steps}
 
 
 def _inner_class(vllm_config: Any, path: str | None) -> type:
@@ -84,8 +88,9 @@ class TimedScheduler:
         schedule = scheduler.schedule
 
         def counted_schedule(*a: Any, **kw: Any):
+            plain = getattr(scheduler, "_plain", False)  # (stock vLLM's: none)
             out = schedule(*a, **kw)
-            clock.count(out)
+            clock.count(out, plain)
             return out
 
         scheduler.schedule = counted_schedule
