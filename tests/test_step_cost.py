@@ -372,3 +372,21 @@ def test_request_hooks_are_reused_per_settings_and_bounded():
     h.add("again", prompt(4), max_tokens=2, extra_args={"seqhooks_child_max_tokens": 300})
     assert states["again"].child_max_tokens == 300
     assert admission._hooks == before  # (the same settings: reused)
+
+
+def test_family_limits_are_reused_per_settings_and_bounded():
+    """A family's limits are worked out once per (max_tokens, per-request
+    settings) and reused; the kept ones stay bounded, and every family
+    still gets its own."""
+    h = SchedHarness(False, num_blocks=400, max_num_seqs=4)
+    for i in range(300):
+        capped = {"seqhooks_max_family_tokens": 5 + i % 7} if i % 2 else {}
+        h.add(f"r{i}", prompt(4, 10 + i % 40), max_tokens=20 + i % 280, extra_args=capped)
+    families = h.sched.fork_join.families
+    for i in range(300):
+        limits = families[f"r{i}"].limits
+        if i % 2:
+            assert limits.token_budget == limits.root_max_tokens == 5 + i % 7
+        else:
+            assert limits.root_max_tokens == 20 + i % 280 < limits.token_budget
+    assert 0 < len(h.sched.family_limits._kept_limits) <= 256

@@ -11,6 +11,7 @@ from vllm.v1.request import Request
 from vllm_seqhooks.config.request_keys import parse_request_overrides
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs, SpecialKwargsError
 from vllm_seqhooks.core.admission import RequestHooks, request_hooks
+from vllm_seqhooks.formats.events import HookScanner
 from vllm_seqhooks.formats.request_scanner import request_scanner
 from vllm_seqhooks.formats.text_codec import TextCodec
 from vllm_seqhooks.engine.state import ForkJoinState, HookState
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm.seqhooks.scheduler")
 
 #: How many distinct (depth, per-request settings) the cache of
-#: request_hooks keeps before it starts again.
+#: request_hooks (and their scanners) keeps before it starts again.
 _HOOKS_KEPT = 256
 
 
@@ -39,9 +40,11 @@ class Admission:
         self.family_limits = family_limits
         self.model_config = model_config
         self._codec: TextCodec | None = None
-        #: request_hooks by (depth, per-request settings): a family's
-        #: children (and most requests) ask with the same ones.
-        self._hooks: dict[tuple, RequestHooks] = {}
+        #: request_hooks by (depth, per-request settings), with a new
+        #: scanner for them (each request gets a copy: building one reads the
+        #: format and the codec, 3-4x a copy's time): a family's children
+        #: (and most requests) ask with the same settings.
+        self._hooks: dict[tuple, tuple[RequestHooks, HookScanner | None]] = {}
 
     def admit(self, request: Request) -> None:
         """Give ``request`` its :class:`HookState` (none: hooks off for it)."""
@@ -64,13 +67,13 @@ class Admission:
         if per_request.get("enabled", True) is False:
             return
         node = fj.tree.get(request.request_id)
-        rh = self._request_hooks(per_request, node.depth if node is not None else 0)
+        rh, scanner = self._request_hooks(per_request, node.depth if node is not None else 0)
         family = None
         if rh.may_spawn and rh.depth == 0:
             family = self.family_limits.new_family(request, per_request)
         st = fj.states[request.request_id] = HookState(
             request=request,
-            scanner=request_scanner(self.hooks, rh, self.text_codec),
+            scanner=None if scanner is None else scanner.copy(),
             orig_prompt_len=request.num_prompt_tokens,
             orig_max_tokens=request.max_tokens,
             orig_min_tokens=sp.min_tokens,
@@ -82,14 +85,18 @@ class Admission:
             st.scanner.fed_to = request.num_tokens  # (it reads from its first sampled token)
         fj.refresh_quiet(st)
 
-    def _request_hooks(self, per_request: dict, depth: int) -> RequestHooks:
+    def _request_hooks(self, per_request: dict, depth: int
+                       ) -> tuple[RequestHooks, HookScanner | None]:
+        """The settings and a new scanner (to copy) of a request at ``depth``
+        with ``per_request``'s keys."""
         key = (depth, *per_request.items())
-        rh = self._hooks.get(key)
-        if rh is None:
+        found = self._hooks.get(key)
+        if found is None:
             if len(self._hooks) >= _HOOKS_KEPT:
                 self._hooks.clear()
-            rh = self._hooks[key] = request_hooks(self.hooks, per_request, depth)
-        return rh
+            rh = request_hooks(self.hooks, per_request, depth)
+            found = self._hooks[key] = (rh, request_scanner(self.hooks, rh, self.text_codec))
+        return found
 
     def _separator(self, text: str | None) -> tuple[int, ...]:
         """Token ids of a per-request merge separator (cached), or the
@@ -109,6 +116,7 @@ class Admission:
         """Read text through ``codec`` instead of the model's tokenizer
         (test harnesses that schedule without a model)."""
         self._codec = codec
+        self._hooks.clear()  # (their scanners read the codec they were built with)
 
     def text_codec(self, required: bool = True) -> TextCodec | None:
         """Text and token bytes through the model's tokenizer, loaded in

@@ -13,6 +13,7 @@ from typing import Iterator
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_seqhooks.core.family_limits import CHILD_TIMEOUT, DEADLINE, FamilyLedger, family_limits
+from vllm_seqhooks.core.family_limits import FamilyLimits as Limits
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs
 from vllm_seqhooks.core.request_tree import FAILED, FINISHED
 from vllm_seqhooks.engine.agreed_clock import AgreedClock
@@ -24,6 +25,9 @@ logger = logging.getLogger("vllm.seqhooks.scheduler")
 
 #: Finish reason of a child cut because its family stopped.
 CUT_REASON = "length"
+#: How many distinct (max_tokens, per-request settings) families' limits
+#: are kept before the cache starts again.
+LIMITS_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -52,22 +56,13 @@ class FamilyLimits:
         #: A clock reading as every rank sees it (the latest of theirs on an
         #: SPMD engine, whose ranks must take the same decisions).
         self.agree = _as_is
+        self._kept_limits: dict[tuple, Limits] = {}
         if spmd:
             agreed = AgreedClock()
             self.clock, self.agree = agreed, agreed.agree
 
     def new_family(self, request: Request, per_request: dict) -> FamilyLedger:
-        hooks = self.hooks
-        limits = family_limits(
-            max_tokens=request.max_tokens,
-            max_children_per_request=hooks.max_children_per_request,
-            token_factor=hooks.family_token_factor,
-            max_descendants=hooks.max_descendants,
-            max_live_children=hooks.max_live_children_per_family,
-            per_request=per_request,
-            timeout_s=hooks.family_timeout_s,
-            child_timeout_s=hooks.child_timeout_s,
-        )
+        limits = self._limits(request.max_tokens, per_request)
         started = request.arrival_time
         if limits.timeout_s is not None:  # (its deadline runs from there)
             started = self.agree(started)
@@ -77,6 +72,27 @@ class FamilyLimits:
         if ledger.deadline is not None:
             fj.timed_families.add(ledger)
         return ledger
+
+    def _limits(self, max_tokens: int, per_request: dict) -> Limits:
+        """The limits of a family whose root asks ``max_tokens`` with
+        ``per_request``'s keys (kept: most families ask alike)."""
+        key = (max_tokens, *per_request.items())
+        limits = self._kept_limits.get(key)
+        if limits is None:
+            if len(self._kept_limits) >= LIMITS_KEPT:
+                self._kept_limits.clear()
+            hooks = self.hooks
+            limits = self._kept_limits[key] = family_limits(
+                max_tokens=max_tokens,
+                max_children_per_request=hooks.max_children_per_request,
+                token_factor=hooks.family_token_factor,
+                max_descendants=hooks.max_descendants,
+                max_live_children=hooks.max_live_children_per_family,
+                per_request=per_request,
+                timeout_s=hooks.family_timeout_s,
+                child_timeout_s=hooks.child_timeout_s,
+            )
+        return limits
 
     # ------------------------------------------------------------ spawning
     def refusal(self, st: HookState) -> str | None:
