@@ -18,5 +18,7 @@ as long as a named GPU would take for a named model, and no model runs:
 * :mod:`.traces`: parallel-reasoning traces in ThreadWeaver's format with
   ThreadWeaver's published lengths;
 * :mod:`.families`: those traces on one GPU-timed engine, in-process
-  (native, sequential, the in-process loop): the first piece of the grid.
+  (native, sequential, the in-process loop): the first piece of the grid;
+* :mod:`.plain_pairs`: plain traffic on many fresh pairs of servers (stock,
+  hooks), what one pair in the grid cannot resolve.
 """
