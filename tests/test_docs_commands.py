@@ -223,6 +223,9 @@ REGISTRY: dict[tuple[str, str], Handler] = {
             "the GPU-timed grid: two servers per profile and minutes of modelled GPU steps on "
             "both cores; CI runs its smoke (tests/test_gpu_timed_grid.py)"),
     }),
+    ("docs/benchmarks/gpu_timed_model.md", "benchmarks.gpu_timed.plain_pairs --profile"): Options(
+        "fresh pairs of GPU-timed servers, one after another: 6-12 minutes of both cores a "
+        "profile"),
     ("docs/benchmarks/gpu_timed.md", "python -m benchmarks.gpu_timed --write-docs"): Options(
         "the GPU-timed grid that wrote the page: 28 minutes of both cores; CI runs its smoke "
         "(tests/test_gpu_timed_grid.py)"),
