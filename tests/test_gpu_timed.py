@@ -249,3 +249,18 @@ def test_the_engine_size_is_one_dict_given_as_flags_to_the_servers():
     flags = serve_flags(ENGINE_SIZE)
     assert flags[flags.index("--kv-cache-memory-bytes") + 1] == str(1 << 30)
     assert MAX_MODEL_LEN == ENGINE_SIZE["max_model_len"] == 4096
+
+
+def test_plain_pairs_summary_compares_within_each_pair_and_stock_across_pairs():
+    from benchmarks.gpu_timed.plain_pairs import summary
+
+    pairs = [{"stock": [50.0, 60.0, 55.0], "hooks": [66.0, 58.0, 60.0]},
+             {"stock": [100.0, 110.0, 90.0], "hooks": [101.0, 99.0, 100.0]},
+             {"stock": [50.0, 50.0, 50.0], "hooks": [55.0, 55.0, 55.0]}]
+    s = summary(pairs)
+    # each pair's medians: (55, 60), (100, 100), (50, 55)
+    assert s["hooks_vs_stock"] == [round(60 / 55, 3), 1.0, 1.1]
+    assert s["hooks_vs_stock_median"] == round(60 / 55, 3)
+    assert s["hooks_vs_stock_range"] == [1.0, 1.1]
+    assert s["aa_stock_vs_next_stock"] == [0.55, 2.0]
+    assert s["aa_range"] == [0.55, 2.0]
