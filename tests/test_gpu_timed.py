@@ -264,3 +264,19 @@ def test_plain_pairs_summary_compares_within_each_pair_and_stock_across_pairs():
     assert s["hooks_vs_stock_range"] == [1.0, 1.1]
     assert s["aa_stock_vs_next_stock"] == [0.55, 2.0]
     assert s["aa_range"] == [0.55, 2.0]
+
+
+def test_a_runs_counters_wait_for_its_steps_and_fail_without_them(tmp_path):
+    import json as _json
+    from pathlib import Path
+
+    from benchmarks.gpu_timed.grid import counters, counters_after_run
+
+    stats = tmp_path / "stock.stats.json"
+    stats.write_text(_json.dumps({"modelled_gpu_s": 1.0}))
+    Path(f"{stats}.sched").write_text(_json.dumps({"steps": 5, "scheduler_cpu_s": 0.1}))
+    before = counters(stats, 0)
+    with pytest.raises(RuntimeError, match="no step counted"):
+        counters_after_run(stats, before, 0, timeout_s=0.3)
+    Path(f"{stats}.sched").write_text(_json.dumps({"steps": 9, "scheduler_cpu_s": 0.2}))
+    assert counters_after_run(stats, before, 0)["sched_steps"] == 9

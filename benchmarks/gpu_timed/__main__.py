@@ -85,7 +85,8 @@ class Engines:
 
         path = self.stats.get({"plain-hooks": "native"}.get(config, config),
                               self.stats["stock"])
-        before, self._last[path] = self._last[path], grid.counters(path, self.idle_s)
+        before = self._last[path]
+        self._last[path] = grid.counters_after_run(path, before, self.idle_s)
         return before, self._last[path]
 
     def stop(self) -> None:

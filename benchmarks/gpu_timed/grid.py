@@ -222,6 +222,20 @@ def counters(stats: Path, wait_s: float = SETTLED_S) -> dict[str, float]:
     return {**_read(stats), **{f"sched_{k}": v for k, v in _read(Path(f"{stats}.sched")).items()}}
 
 
+def counters_after_run(stats: Path, before: dict, wait_s: float = SETTLED_S,
+                       timeout_s: float = 30.0) -> dict[str, float]:
+    """:func:`counters` once the scheduler's file shows the run's steps (its
+    writer thread once lagged a busy engine core by more than a second: the
+    run's row would have read as no step), else an error after ``timeout_s``."""
+    now = counters(stats, wait_s)
+    deadline = time.monotonic() + timeout_s
+    while now["sched_steps"] == before["sched_steps"]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{stats}: no step counted {timeout_s:.0f} s after a run")
+        now = counters(stats)
+    return now
+
+
 def median_row(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """The row with the median ``key`` (the lower middle one of an even
     number), with ``key``'s range over ``rows`` as ``<key>_range``."""

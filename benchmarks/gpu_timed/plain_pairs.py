@@ -38,21 +38,6 @@ def per_step_us(before: dict, after: dict) -> float:
     return (after["sched_scheduler_cpu_s"] - before["sched_scheduler_cpu_s"]) / steps * 1e6
 
 
-def counters_after_run(stats: Path, before: dict, wait_s: float, timeout_s: float = 30.0
-                       ) -> dict:
-    """The server's counters once its scheduler's file shows the run's steps
-    (its writer thread can lag a busy engine core by more than ``wait_s``)."""
-    from benchmarks.gpu_timed import grid
-
-    now = grid.counters(stats, wait_s)
-    deadline = time.monotonic() + timeout_s
-    while now["sched_steps"] == before["sched_steps"]:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{stats}: no step counted {timeout_s:.0f} s after a run")
-        now = grid.counters(stats)
-    return now
-
-
 def one_pair(model: str, profile: str, fams: list, workdir: Path, runs: int) -> dict:
     """Per server of a fresh pair: the scheduler CPU per step (us) of each run."""
     from benchmarks.gpu_timed import grid
@@ -71,7 +56,7 @@ def one_pair(model: str, profile: str, fams: list, workdir: Path, runs: int) -> 
             for kind, (srv, stats) in servers.items():
                 grid.reset_prefix_cache(srv.url)
                 grid.bench_serve(srv.url, model, fams, workdir, plain=True)
-                now = counters_after_run(stats, last[kind], grid.IDLE_ENGINES_S)
+                now = grid.counters_after_run(stats, last[kind], grid.IDLE_ENGINES_S)
                 out[kind].append(round(per_step_us(last[kind], now), 2))
                 last[kind] = now
         return out
