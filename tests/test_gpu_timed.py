@@ -152,10 +152,9 @@ def test_the_scheduler_clock_times_each_call_and_counts_steps_that_compute():
             t += i
         return out
 
-    schedule = clock.wrap("schedule", busy)
     for tokens, plain in (({"a": 1, "b": 1}, True), ({}, True), ({"a": 1}, False)):
-        out = schedule(SimpleNamespace(total_num_scheduled_tokens=len(tokens),
-                                       num_scheduled_tokens=tokens))
+        out = clock.call("schedule", busy, SimpleNamespace(total_num_scheduled_tokens=len(tokens),
+                                                           num_scheduled_tokens=tokens))
         clock.count(out, plain)
     counters = clock.counters()
     assert counters["steps"] == 2 and counters["request_steps"] == 3

@@ -124,21 +124,21 @@ def test_schedule_is_vllms_own_while_no_fork_join_is_in_flight(async_sched, monk
     h.add("f", prompt(12), max_tokens=16, script=[40] * 6 + [P, 41, E, 42, S] + [43] * 20)
     h.scripts[child_id("f", 0)] = [60, 61, 62, EOS]
     cls = type(h.sched)
-    with_hooks = cls._schedule_with_hooks
+    with_hooks = cls.schedule
     steps: list[bool] = []
+    ours = [False]
 
     def counted(self, *args, **kwargs):
-        steps[-1] = True
+        ours[0] = True
         return with_hooks(self, *args, **kwargs)
 
-    monkeypatch.setattr(cls, "_schedule_with_hooks", counted)
-    orig_schedule = h.sched.schedule
+    def note(harness, out):
+        steps.append(ours[0])
+        ours[0] = False
 
-    def schedule(*args, **kwargs):
-        steps.append(False)
-        return orig_schedule(*args, **kwargs)
-
-    h.sched.schedule = schedule
+    # (ours is the class's; vLLM's own, while plain, is bound on the instance)
+    monkeypatch.setattr(cls, "schedule", counted)
+    h.after_schedule.append(note)
     h.run(max_steps=120)
     assert all(h.finish_reasons[rid] is not None for rid in ("r0", "r1", "f"))
     first, last = steps.index(True), len(steps) - 1 - steps[::-1].index(True)

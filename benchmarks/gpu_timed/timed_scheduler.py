@@ -11,8 +11,12 @@ requests), which :class:`TimedScheduler` times in thread CPU seconds.
 ``TimedScheduler`` is a ``scheduler_cls``: it builds the scheduler the
 engine would have had (vLLM's own, sync or async, or the one named by
 ``additional_config["gpu_timed"]["scheduler_cls"]``, the hook scheduler's
-factory for an engine with hooks) and wraps those three methods of the
-instance. Its counters go, as JSON, to
+factory for an engine with hooks) and hands the engine core a
+:class:`TimedCalls` around it, which times those three calls and passes
+everything else through. Each timed call looks its method up on the
+scheduler when it is made: the hook scheduler binds vLLM's own
+``schedule`` on itself while no fork/join work is in flight, and a method
+captured once would miss that. Its counters go, as JSON, to
 ``additional_config["gpu_timed"]["scheduler_stats_path"]`` from a thread.
 """
 
@@ -37,17 +41,13 @@ class SchedulerClock:
         self.request_steps = 0
         self.plain_steps = 0
 
-    def wrap(self, name: str, method):
-        cpu_s = self.cpu_s
-
-        def timed(*args: Any, **kwargs: Any):
-            t0 = time.thread_time()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                cpu_s[name] += time.thread_time() - t0
-
-        return timed
+    def call(self, name: str, method, *args: Any, **kwargs: Any):
+        """``method(*args, **kwargs)``, its thread CPU seconds counted under ``name``."""
+        t0 = time.thread_time()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            self.cpu_s[name] += time.thread_time() - t0
 
     def count(self, scheduler_output: Any, plain: bool = False) -> None:
         """A step; ``plain``: the hook scheduler ran it as vLLM's own (no
@@ -77,27 +77,46 @@ def _inner_class(vllm_config: Any, path: str | None) -> type:
     return Scheduler
 
 
+class TimedCalls:
+    """The engine's scheduler with ``schedule``, ``update_from_output`` and
+    ``add_request`` timed by ``clock``; every other attribute is the
+    scheduler's own (read and written through)."""
+
+    def __init__(self, scheduler: Any, clock: SchedulerClock) -> None:
+        object.__setattr__(self, "_scheduler", scheduler)
+        object.__setattr__(self, "_clock", clock)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._scheduler, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._scheduler, name, value)
+
+    def schedule(self, *args: Any, **kwargs: Any):
+        scheduler = self._scheduler
+        plain = getattr(scheduler, "_plain", False)  # (stock vLLM's: none)
+        out = self._clock.call("schedule", scheduler.schedule, *args, **kwargs)
+        self._clock.count(out, plain)
+        return out
+
+    def update_from_output(self, *args: Any, **kwargs: Any):
+        return self._clock.call("update_from_output", self._scheduler.update_from_output,
+                                *args, **kwargs)
+
+    def add_request(self, *args: Any, **kwargs: Any):
+        return self._clock.call("add_request", self._scheduler.add_request, *args, **kwargs)
+
+
 class TimedScheduler:
     def __new__(cls, *args: Any, **kwargs: Any):
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         cfg = (vllm_config.additional_config or {}).get("gpu_timed") or {}
         scheduler = _inner_class(vllm_config, cfg.get("scheduler_cls"))(*args, **kwargs)
         clock = SchedulerClock()
-        for name in _TIMED:
-            setattr(scheduler, name, clock.wrap(name, getattr(scheduler, name)))
-        schedule = scheduler.schedule
-
-        def counted_schedule(*a: Any, **kw: Any):
-            plain = getattr(scheduler, "_plain", False)  # (stock vLLM's: none)
-            out = schedule(*a, **kw)
-            clock.count(out, plain)
-            return out
-
-        scheduler.schedule = counted_schedule
         path = cfg.get("scheduler_stats_path")
         if path:
             keep_stats_written(path, clock.counters, "gpu-timed-scheduler-stats")
-        return scheduler
+        return TimedCalls(scheduler, clock)
 
 
 def time_the_hook_scheduler() -> None:

@@ -164,6 +164,9 @@ def check_invariants(sched, scheduler_output=None) -> None:
         problems += sched.fork_join.quiet_problems()
         if sched._plain and not sched.plain_now():
             problems.append("steps are vLLM's own (_plain) with fork/join work pending")
+        bound = [name for name in sched.PLAIN_BOUND if name in vars(sched)]
+        if bound != (list(sched.PLAIN_BOUND) if sched._plain else []):
+            problems.append(f"vLLM's own {bound} bound on the scheduler with _plain={sched._plain}")
     if problems:
         raise InvariantError("; ".join(problems))
 

@@ -87,7 +87,11 @@ class SeqHooksMixin:
     #: No fork/join work in flight or pending (``plain_now``, noted after
     #: each step with hook work and at each request's admission): a step is
     #: vLLM's own but for the look for watched tokens in update_from_output.
+    #: Set only by ``_set_plain``, which binds :data:`PLAIN_BOUND` with it.
     _plain = False
+    #: While plain, these are vLLM's own methods bound on the instance: a
+    #: plain step runs no frame of ours in them.
+    PLAIN_BOUND = ("schedule", "get_num_unfinished_requests")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -96,6 +100,12 @@ class SeqHooksMixin:
         #: vLLM's own ``_update_request_with_output`` (bound once: the
         #: common step calls it without looking it up).
         self._vllm_update_request = vllm_private.vllm_request_update(super())
+        #: vLLM's own step methods, bound once: a plain step calls them
+        #: without building ``super()`` (after the GPU's step, every object
+        #: a step touches is cold).
+        vllm_own = super()
+        self._vllm_update_from_output = vllm_own.update_from_output
+        self._vllm_plain_bound = {name: getattr(vllm_own, name) for name in self.PLAIN_BOUND}
         self.fork_join = ForkJoinState()
         if isinstance(self.waiting, deque) and not self.waiting:  # FCFS policy
             children = self.fork_join.children
@@ -124,7 +134,7 @@ class SeqHooksMixin:
             # the worker patches in each worker process: install them here,
             # which covers a worker running in this process.
             patches.install_worker_patches()
-        self._plain = True
+        self._set_plain(True)
         logger.info("sequence hooks on: %s", self.hooks.summary())
 
     def _build_parts(self, vllm_config) -> None:
@@ -254,16 +264,26 @@ class SeqHooksMixin:
         if not hasattr(self, "splicing"):
             return  # built without __init__ (some of vLLM's tests): the hook path, always
         plain = self.plain_now()
-        if plain and not self._plain:
+        if plain:
+            self._set_stock_updates(True)  # (a plain step is vLLM's update_from_output)
+        if plain is not self._plain:
+            self._set_plain(plain)
+
+    def _set_plain(self, plain: bool) -> None:
+        """Plain steps are vLLM's own: its ``schedule`` and
+        ``get_num_unfinished_requests`` are bound on this instance (and
+        its per-request update, ``_set_stock_updates``); else ours."""
+        if plain:
+            self._set_stock_updates(True)
             self._running_in_arrival_order = False  # (vLLM's own steps reorder it)
+            self.__dict__.update(self._vllm_plain_bound)
+        else:
+            for name in self.PLAIN_BOUND:
+                self.__dict__.pop(name, None)
         self._plain = plain
 
     def schedule(self, *args: Any, **kwargs: Any):
-        if self._plain:
-            return super().schedule(*args, **kwargs)
-        return self._schedule_with_hooks(*args, **kwargs)
-
-    def _schedule_with_hooks(self, *args: Any, **kwargs: Any):
+        # (while plain, vLLM's own is bound on the instance: _set_plain)
         fj = self.fork_join
         # (each piece of hook work only when there can be some: a step of
         # plain requests costs what it costs stock vLLM, within a microsecond)
@@ -359,26 +379,45 @@ class SeqHooksMixin:
 
     # -------------------------------------------------------------- output
     def update_from_output(self, scheduler_output, model_runner_output):
+        if self._plain:
+            # No request is loud or has its stop watched, and vLLM's own
+            # per-request update is bound (``_note_plain``): unless a
+            # request sampled a watched token, nothing can start, and the
+            # step is vLLM's own. (The fewer objects read here the better:
+            # after the GPU's step they are cold.)
+            watched = self.fork_join.watched_ids
+            for ids in model_runner_output.sampled_token_ids:
+                if not watched.isdisjoint(ids):
+                    break
+            else:
+                return self._vllm_update_from_output(scheduler_output, model_runner_output)
+            return self._update_from_output_with_hooks(scheduler_output, model_runner_output,
+                                                       stock=False)
         fj = self.fork_join
-        # (plain: no request is loud or has its stop watched; the fewer
-        # objects read here the better: after the GPU's step they are cold)
-        stock = self._plain or not (fj.loud or fj.stop_watch)
+        stock = not (fj.loud or fj.stop_watch)
         if stock:
             watched = fj.watched_ids
             for ids in model_runner_output.sampled_token_ids:
                 if not watched.isdisjoint(ids):
                     stock = False
                     break
+        return self._update_from_output_with_hooks(scheduler_output, model_runner_output, stock)
+
+    def _set_stock_updates(self, stock: bool) -> None:
+        """``stock``: vLLM's own method serves every request (bound on this
+        instance until a step has hook work), so a step in which no request
+        has hook work costs what it costs stock vLLM. (super() here: vLLM's
+        tests build schedulers without __init__.)"""
         if stock is not self._stock_updates:
-            # No request has hook work in this step: vLLM's own method
-            # serves every request (bound on this instance until a step has
-            # hook work), so such a step costs what it costs stock vLLM.
-            # (super() here: vLLM's tests build schedulers without __init__)
             vllm_private.bind_stock_request_updates(self, super() if stock else None)
             self._stock_updates = stock
+
+    def _update_from_output_with_hooks(self, scheduler_output, model_runner_output,
+                                       stock: bool):
+        """A step that may have hook work (``stock``: no request has any)."""
+        fj = self.fork_join
+        self._set_stock_updates(stock)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        if stock and self._plain:
-            return outputs  # (no watched token: nothing can have started)
         if fj.idle:
             self._note_plain()
             return outputs
@@ -401,8 +440,7 @@ class SeqHooksMixin:
         # outside) is delivered by the next step: keep the engine stepping.
         # Parked requests wait outside vLLM's queues (parking), which vLLM
         # subtracts as waiting streaming sessions: they do not count.
-        if self._plain:
-            return super().get_num_unfinished_requests()
+        # (While plain, vLLM's own is bound on the instance: _set_plain.)
         fj = self.fork_join
         pending = len(fj.ready_joins) + len(fj.pending_outputs)
         if not fj.num_parked:
