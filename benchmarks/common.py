@@ -363,6 +363,7 @@ class EngineProbe:
         from vllm.v1.request import RequestStatus
 
         from tests.support.forkjoin import scheduler_of
+        from tests.support.observed_calls import observe_calls
 
         self.llm = llm
         self.sched = sched = scheduler_of(llm)
@@ -373,11 +374,7 @@ class EngineProbe:
         self._t0: float | None = None
         self._cur: tuple[int, int] = (0, 0)
         self.counters = Counters()
-        orig_schedule = sched.schedule
-        orig_update = sched.update_from_output
         orig_preempt = getattr(sched, "_preempt_request", None)
-
-        orig_add = sched.add_request
         inside = [False]
 
         def in_scheduler(method, *args: Any, **kwargs: Any):
@@ -389,14 +386,14 @@ class EngineProbe:
                 inside[0] = False
                 self.counters.scheduler_s += time.perf_counter() - t0
 
-        def schedule(*args: Any, **kwargs: Any):
+        def schedule(method, *args: Any, **kwargs: Any):
             t0 = time.perf_counter()
-            out = in_scheduler(orig_schedule, *args, **kwargs)
+            out = in_scheduler(method, *args, **kwargs)
             self._record(out, t0)
             return out
 
-        def update_from_output(*args: Any, **kwargs: Any):
-            res = in_scheduler(orig_update, *args, **kwargs)
+        def update_from_output(method, *args: Any, **kwargs: Any):
+            res = in_scheduler(method, *args, **kwargs)
             if self._t0 is not None:
                 if self.log_steps:
                     self.counters.step_log.append(
@@ -404,21 +401,22 @@ class EngineProbe:
                 self._t0 = None
             return res
 
-        def add_request(*args: Any, **kwargs: Any):
+        def add_request(method, *args: Any, **kwargs: Any):
             # A client's requests enter the scheduler here; the hook
             # scheduler's children from inside schedule/update_from_output
             # (timed there already).
             if inside[0]:
-                return orig_add(*args, **kwargs)
+                return method(*args, **kwargs)
             t0 = time.perf_counter()
             try:
-                return orig_add(*args, **kwargs)
+                return method(*args, **kwargs)
             finally:
                 self.counters.scheduler_s += time.perf_counter() - t0
 
-        sched.schedule = schedule
-        sched.update_from_output = update_from_output
-        sched.add_request = add_request
+        # (on the engine core's side: the hook scheduler binds its own step
+        # methods on itself while plain)
+        observe_calls(llm, schedule=schedule, update_from_output=update_from_output,
+                      add_request=add_request)
         self._time_request_building(llm)
         if orig_preempt is not None:
             def preempt(*args: Any, **kwargs: Any):

@@ -108,28 +108,27 @@ def run(bench: Bench) -> dict[str, Any]:
 
 def scheduler_cost(bench: Bench, one, repeats: int) -> dict[str, Any]:
     """Seconds per step spent in ``schedule()`` + ``update_from_output()``."""
-    from tests.support.forkjoin import scheduler_of
+    from tests.support.observed_calls import observe_calls
 
     acc: dict[str, dict[str, float]] = {}
     for name in CONFIGS:
-        sched = scheduler_of(bench.engines[f"overhead_{name}"])
         a = acc[name] = {"sched_s": 0.0, "steps": 0}
-        orig_schedule, orig_update = sched.schedule, sched.update_from_output
 
-        def schedule(*args, _o=orig_schedule, _a=a, **kw):
+        def schedule(method, *args, _a=a, **kw):
             t0 = time.perf_counter()
-            out = _o(*args, **kw)
+            out = method(*args, **kw)
             _a["sched_s"] += time.perf_counter() - t0
             _a["steps"] += 1 if out.total_num_scheduled_tokens else 0
             return out
 
-        def update(*args, _o=orig_update, _a=a, **kw):
+        def update(method, *args, _a=a, **kw):
             t0 = time.perf_counter()
-            out = _o(*args, **kw)
+            out = method(*args, **kw)
             _a["sched_s"] += time.perf_counter() - t0
             return out
 
-        sched.schedule, sched.update_from_output = schedule, update
+        observe_calls(bench.engines[f"overhead_{name}"], schedule=schedule,
+                      update_from_output=update)
 
     def timed(config: str, r: int) -> dict[str, Any]:
         a = acc[config]

@@ -155,7 +155,7 @@ def ngram_against_plain(n: int) -> dict:
     from vllm import SamplingParams
 
     from vllm_seqhooks import LLM
-    from tests.support.forkjoin import scheduler_of
+    from tests.support.observed_calls import observe_calls
 
     problems = task.heldout_problems(n)
     params = SamplingParams(temperature=0.0, max_tokens=task.PARENT_MAX_TOKENS, logprobs=2)
@@ -165,15 +165,13 @@ def ngram_against_plain(n: int) -> dict:
     for name, extra in (("plain", {}), ("ngram", {"speculative_config": spec})):
         llm = LLM(str(task.model_dir()), special_kwargs=task.hook_settings(),
                   **task.ENGINE_KWARGS, **extra)
-        sched = scheduler_of(llm)
         drafts = []
-        update = sched.update_from_output
 
-        def counting_update(so, mro, update=update, drafts=drafts):
+        def counting_update(update, so, mro, drafts=drafts):
             drafts.append(sum(map(len, so.scheduled_spec_decode_tokens.values())))
             return update(so, mro)
 
-        sched.update_from_output = counting_update
+        sched = observe_calls(llm, update_from_output=counting_update)
         outs = llm.generate([p.prompt for p in problems], params, use_tqdm=False)
         out[name] = {
             "texts": [o.outputs[0].text for o in outs],

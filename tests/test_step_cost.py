@@ -32,7 +32,9 @@ def _count_hook_work(h: SchedHarness) -> list[list[str]]:
     sched = h.sched
     steps: list[list[str]] = []
     inner = sched.sampling.after_append
-    orig_update = sched.update_from_output
+    # (the harness's call: the scheduler binds its own update_from_output
+    # on itself while plain)
+    orig_update = h._update
 
     def update(*args, **kwargs):
         steps.append([])
@@ -43,7 +45,7 @@ def _count_hook_work(h: SchedHarness) -> list[list[str]]:
         return inner(st, *args)
 
     sched.sampling.after_append = watched
-    sched.update_from_output = update
+    h._update = update
     return steps
 
 
@@ -168,7 +170,7 @@ def test_steps_with_only_children_running_are_vllms_own(async_sched, monkeypatch
 
     monkeypatch.setattr(cls, "_update_request_with_output", counted)
     parked_steps = []
-    orig_update = h.sched.update_from_output
+    orig_update = h._update  # (the scheduler binds its own while plain)
 
     def update(*args, **kwargs):
         hooked.append(set())
@@ -178,7 +180,7 @@ def test_steps_with_only_children_running_are_vllms_own(async_sched, monkeypatch
             parked_steps.append(len(hooked) - 1)
         return out
 
-    h.sched.update_from_output = update
+    h._update = update
     h.run(max_steps=120)
     assert len(parked_steps) >= 8  # both parents parked, children writing
     assert [hooked[i] for i in parked_steps] == [set()] * len(parked_steps)

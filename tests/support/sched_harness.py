@@ -166,7 +166,9 @@ def check_invariants(sched, scheduler_output=None) -> None:
             problems.append("steps are vLLM's own (_plain) with fork/join work pending")
         bound = [name for name in sched.PLAIN_BOUND if name in vars(sched)]
         if bound != (list(sched.PLAIN_BOUND) if sched._plain else []):
-            problems.append(f"vLLM's own {bound} bound on the scheduler with _plain={sched._plain}")
+            problems.append(f"plain step methods {bound} bound with _plain={sched._plain}")
+        if sched._plain and sched._plain_watched is not sched.fork_join.watched_ids:
+            problems.append("the bound update_from_output looks for other ids than watched_ids")
     if problems:
         raise InvariantError("; ".join(problems))
 

@@ -89,9 +89,14 @@ class SeqHooksMixin:
     #: vLLM's own but for the look for watched tokens in update_from_output.
     #: Set only by ``_set_plain``, which binds :data:`PLAIN_BOUND` with it.
     _plain = False
-    #: While plain, these are vLLM's own methods bound on the instance: a
-    #: plain step runs no frame of ours in them.
-    PLAIN_BOUND = ("schedule", "get_num_unfinished_requests")
+    #: While plain, these are bound on the instance (``_plain_methods``):
+    #: vLLM's own ``schedule`` and ``get_num_unfinished_requests``, and an
+    #: ``update_from_output`` that only looks for a watched token before
+    #: vLLM's own. The fewer objects a plain step reads the better: after
+    #: the GPU's step they are cold.
+    PLAIN_BOUND = ("schedule", "get_num_unfinished_requests", "update_from_output")
+    #: The watched ids the bound ``update_from_output`` looks for.
+    _plain_watched: frozenset[int] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -100,12 +105,9 @@ class SeqHooksMixin:
         #: vLLM's own ``_update_request_with_output`` (bound once: the
         #: common step calls it without looking it up).
         self._vllm_update_request = vllm_private.vllm_request_update(super())
-        #: vLLM's own step methods, bound once: a plain step calls them
-        #: without building ``super()`` (after the GPU's step, every object
-        #: a step touches is cold).
+        #: vLLM's own step methods, bound once for plain steps.
         vllm_own = super()
-        self._vllm_update_from_output = vllm_own.update_from_output
-        self._vllm_plain_bound = {name: getattr(vllm_own, name) for name in self.PLAIN_BOUND}
+        self._vllm_step_methods = {name: getattr(vllm_own, name) for name in self.PLAIN_BOUND}
         self.fork_join = ForkJoinState()
         if isinstance(self.waiting, deque) and not self.waiting:  # FCFS policy
             children = self.fork_join.children
@@ -264,23 +266,43 @@ class SeqHooksMixin:
         if not hasattr(self, "splicing"):
             return  # built without __init__ (some of vLLM's tests): the hook path, always
         plain = self.plain_now()
-        if plain:
-            self._set_stock_updates(True)  # (a plain step is vLLM's update_from_output)
-        if plain is not self._plain:
+        if plain is not self._plain or (
+                plain and self._plain_watched is not self.fork_join.watched_ids):
             self._set_plain(plain)
+        elif plain:
+            self._set_stock_updates(True)  # (a plain step is vLLM's update_from_output)
 
     def _set_plain(self, plain: bool) -> None:
-        """Plain steps are vLLM's own: its ``schedule`` and
-        ``get_num_unfinished_requests`` are bound on this instance (and
-        its per-request update, ``_set_stock_updates``); else ours."""
+        """Plain steps are vLLM's own but for the look for watched tokens:
+        :data:`PLAIN_BOUND` are bound on this instance (and vLLM's own
+        per-request update, ``_set_stock_updates``); else ours."""
         if plain:
             self._set_stock_updates(True)
-            self._running_in_arrival_order = False  # (vLLM's own steps reorder it)
-            self.__dict__.update(self._vllm_plain_bound)
+            if not self._plain:
+                self._running_in_arrival_order = False  # (vLLM's own steps reorder it)
+            self.__dict__.update(self._plain_methods())
         else:
             for name in self.PLAIN_BOUND:
                 self.__dict__.pop(name, None)
+            self._plain_watched = None
         self._plain = plain
+
+    def _plain_methods(self) -> dict[str, Any]:
+        """vLLM's own step methods, but ``update_from_output``: a step in
+        which no request sampled one of the watched ids (those of now) is
+        vLLM's own; else the hooks' (nothing is loud or has its stop
+        watched while plain, so only a watched token can start work)."""
+        watched = self._plain_watched = self.fork_join.watched_ids
+
+        def update_from_output(scheduler_output, model_runner_output, _watched=watched,
+                               _vllm=self._vllm_step_methods["update_from_output"],
+                               _hooks=self._update_from_output_with_hooks):
+            for ids in model_runner_output.sampled_token_ids:
+                if not _watched.isdisjoint(ids):
+                    return _hooks(scheduler_output, model_runner_output, False)
+            return _vllm(scheduler_output, model_runner_output)
+
+        return {**self._vllm_step_methods, "update_from_output": update_from_output}
 
     def schedule(self, *args: Any, **kwargs: Any):
         # (while plain, vLLM's own is bound on the instance: _set_plain)
@@ -379,20 +401,7 @@ class SeqHooksMixin:
 
     # -------------------------------------------------------------- output
     def update_from_output(self, scheduler_output, model_runner_output):
-        if self._plain:
-            # No request is loud or has its stop watched, and vLLM's own
-            # per-request update is bound (``_note_plain``): unless a
-            # request sampled a watched token, nothing can start, and the
-            # step is vLLM's own. (The fewer objects read here the better:
-            # after the GPU's step they are cold.)
-            watched = self.fork_join.watched_ids
-            for ids in model_runner_output.sampled_token_ids:
-                if not watched.isdisjoint(ids):
-                    break
-            else:
-                return self._vllm_update_from_output(scheduler_output, model_runner_output)
-            return self._update_from_output_with_hooks(scheduler_output, model_runner_output,
-                                                       stock=False)
+        # (while plain, the one bound on the instance: _plain_methods)
         fj = self.fork_join
         stock = not (fj.loud or fj.stop_watch)
         if stock:
