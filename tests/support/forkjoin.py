@@ -29,6 +29,27 @@ def model_runner_of(llm: Any):
     return engine_core_of(llm).model_executor.driver_worker.worker.model_runner
 
 
+def fill_kv_cache_with_noise(llm: Any, seed: int = 0) -> int:
+    """Overwrite every attention layer's KV cache of an in-process engine
+    with finite noise (uniform in [-3, 3]); returns the number of layers.
+    Before any request runs, a token whose attention reads a KV slot no
+    request wrote (a position its context does not hold) then gets a
+    visibly different logprob, where the zeros of a fresh cache, or the
+    same stale values run after run, could hide it."""
+    import torch
+
+    worker = engine_core_of(llm).model_executor.driver_worker.worker
+    layers = worker.vllm_config.compilation_config.static_forward_context.values()
+    caches = [layer.kv_cache for layer in layers if isinstance(getattr(layer, "kv_cache", None),
+                                                              torch.Tensor)]
+    if not caches:
+        raise RuntimeError("no attention layer with a KV cache tensor in this engine")
+    gen = torch.Generator().manual_seed(seed)
+    for cache in caches:
+        cache.copy_((torch.rand(cache.shape, generator=gen) * 6 - 3).to(cache.dtype))
+    return len(caches)
+
+
 def scheduler_of(llm: Any):
     return engine_core_of(llm).scheduler
 

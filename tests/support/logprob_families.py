@@ -15,9 +15,17 @@ def run_family(model: str, spec: dict[str, Any], script: str,
     from vllm_seqhooks import rollout
     from vllm_seqhooks.core.trace import raw_trace
     from vllm_seqhooks.llm import LLM
-    from tests.support.forkjoin import Scripts, scheduler_of, scripted_engine_kwargs
+    from tests.support.forkjoin import (
+        Scripts,
+        fill_kv_cache_with_noise,
+        scheduler_of,
+        scripted_engine_kwargs,
+    )
 
     llm = LLM(model, special_kwargs=spec, **scripted_engine_kwargs(model))
+    # (every KV slot noise until a request writes it: a token that attends
+    # to a slot its recorded context did not write fails the comparison)
+    fill_kv_cache_with_noise(llm)
     S = Scripts(llm.get_tokenizer())
     params = S.params(script, children, max_tokens=200, logprobs=2)
     (out,) = llm.generate(["Q: one"], params, use_tqdm=False)
