@@ -76,7 +76,7 @@ def start_command(cmd: list[str], port: int, *, log_path: str | os.PathLike,
                 return server
         except requests.RequestException:
             pass
-        time.sleep(1)
+        time.sleep(0.25)
     server.stop()
     raise RuntimeError(f"vllm serve did not become healthy:\n{server.log_tail()}")
 
