@@ -9,16 +9,19 @@
 # exit status is non-zero if any fails (pytest's 5, "no tests collected",
 # included). Extra arguments go to pytest.
 #
-# Two lanes: the vLLM 0.33 part runs beside the 0.32 part, its output kept in
-# .test-times/vllm033.log and printed when both are done, every process on
-# one OpenMP thread (one lane left the 2-core machine's CPU a quarter idle:
-# engines starting, subprocesses waited on; two lanes of torch's thread per
-# core would spin against each other). The second lane then runs four 0.32
-# files that wait on subprocesses for minutes (Ray clusters, the wheel's
-# installs, verl's example, the GPU-timed grid's servers), which balances the
-# lanes (measured: the 0.33 lane ended 11 minutes before the 0.32 lane
-# without the first three, 79 s before with them). SEQHOOKS_TEST_LANES=1
-# runs everything in one lane, one part after the other (torch's own thread
+# Three lanes (SEQHOOKS_TEST_LANES, default 3), every process on one OpenMP
+# thread (two lanes of torch's thread per core spun against each other):
+# the first runs vLLM 0.32's scheduler suite, then the 0.32 tests but those
+# below; the second the vLLM 0.33 part, then AFTER_033_FILES on 0.32; the
+# third LANE3_032_FILES on 0.32 (Ray clusters, the wheel's installs, verl's
+# example, the GPU-timed grid's servers, the documented commands, the
+# multiprocess deployments). The second and third lanes' output goes to
+# .test-times/vllm033.log and .test-times/lane3.log, printed when all are
+# done. Measured on 2026-12-01 (docs/testing.md): two lanes left the CPU 17 %
+# idle, three with the first lane's files unmoved left it half idle for the
+# last 9 minutes, while the first lane finished alone. SEQHOOKS_TEST_LANES=2
+# runs the 0.33 part, then LANE2_032_FILES, beside the rest; =1 runs
+# everything in one lane, one part after the other (torch's own thread
 # count); so do extra pytest arguments (a selection may leave a lane nothing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,9 +37,14 @@ if [ -n "${SEQHOOKS_TEST_BACKGROUND_LOAD:-}" ]; then
   LOAD_PID=$!
   trap 'kill "$LOAD_PID" 2>/dev/null' EXIT
 fi
-LANES=${SEQHOOKS_TEST_LANES:-2}
+LANES=${SEQHOOKS_TEST_LANES:-3}
 [ "$#" -gt 0 ] && LANES=1
+# 0.32 files that run outside the first lane: with two lanes, LANE2_032_FILES
+# after the 0.33 part; with three, LANE3_032_FILES in the third lane and
+# AFTER_033_FILES after the 0.33 part (sizes from the per-file tables).
 LANE2_032_FILES=(tests/test_ray.py tests/test_wheel.py tests/test_verl.py tests/test_gpu_timed_grid.py)
+LANE3_032_FILES=("${LANE2_032_FILES[@]}" tests/test_docs_commands.py tests/test_serve_multi.py)
+AFTER_033_FILES=(tests/test_llm_entrypoint.py tests/test_benchmarks_smoke.py)
 mkdir -p .test-times
 # vLLM 0.33 (scripts/test_vllm033.sh, in .venv033: scripts/setup_vllm033.sh);
 # SEQHOOKS_NO_VLLM033=1 leaves it out (said, not silent).
@@ -50,26 +58,47 @@ run_vllm033() {
     return 1
   fi
 }
-# The second lane: the 0.33 part, then LANE2_032_FILES on 0.32.
+# 0.32 files outside the first lane (LANE_NAME, then the files), with their
+# own table and start-up log in .test-times/.
+lane_032_files() {
+  local name=$1
+  shift
+  SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm032-$name.log
+  : > "$SEQHOOKS_TEST_STARTUP_LOG"
+  SEQHOOKS_TEST_STARTUP_LOG=$SEQHOOKS_TEST_STARTUP_LOG SEQHOOKS_TEST_TABLE=.test-times/vllm032-$name.md \
+    "$PY" -m pytest "$@" --durations=10
+}
+# The second lane: the 0.33 part, then the given 0.32 files.
 second_lane() {
   local lane_status=0
   run_vllm033 || lane_status=$?
-  SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm032-lane2.log
-  : > "$SEQHOOKS_TEST_STARTUP_LOG"
-  SEQHOOKS_TEST_STARTUP_LOG=$SEQHOOKS_TEST_STARTUP_LOG SEQHOOKS_TEST_TABLE=.test-times/vllm032-lane2.md \
-    "$PY" -m pytest "${LANE2_032_FILES[@]}" --durations=10 || lane_status=$?
+  lane_032_files lane2 "$@" || lane_status=$?
   return "$lane_status"
 }
-LANE_PID=
+LANE_PIDS=()
+LANE_LOGS=()
 LANE1_IGNORES=()
 if [ "${SEQHOOKS_NO_VLLM033:-}" = "1" ]; then
   echo "test.sh: SEQHOOKS_NO_VLLM033=1: the vLLM 0.33 tests were NOT run" >&2
-elif [ "$LANES" = "2" ]; then
+elif [ "$LANES" = "2" ] || [ "$LANES" = "3" ]; then
   export OMP_NUM_THREADS=1
-  echo "test.sh: a second lane runs the vLLM 0.33 part, then ${LANE2_032_FILES[*]} (output: .test-times/vllm033.log, printed at the end)" >&2
-  second_lane > .test-times/vllm033.log 2>&1 &
-  LANE_PID=$!
-  for f in "${LANE2_032_FILES[@]}"; do LANE1_IGNORES+=("--ignore=$f"); done
+  if [ "$LANES" = "3" ]; then
+    echo "test.sh: a second lane runs the vLLM 0.33 part, then ${AFTER_033_FILES[*]} (.test-times/vllm033.log); a third ${LANE3_032_FILES[*]} (.test-times/lane3.log); both printed at the end" >&2
+    second_lane "${AFTER_033_FILES[@]}" > .test-times/vllm033.log 2>&1 &
+    LANE_PIDS+=($!); LANE_LOGS+=(.test-times/vllm033.log)
+    lane_032_files lane3 "${LANE3_032_FILES[@]}" > .test-times/lane3.log 2>&1 &
+    LANE_PIDS+=($!); LANE_LOGS+=(.test-times/lane3.log)
+    OUTSIDE=("${LANE3_032_FILES[@]}" "${AFTER_033_FILES[@]}")
+  else
+    echo "test.sh: a second lane runs the vLLM 0.33 part, then ${LANE2_032_FILES[*]} (output: .test-times/vllm033.log, printed at the end)" >&2
+    second_lane "${LANE2_032_FILES[@]}" > .test-times/vllm033.log 2>&1 &
+    LANE_PIDS+=($!); LANE_LOGS+=(.test-times/vllm033.log)
+    OUTSIDE=("${LANE2_032_FILES[@]}")
+  fi
+  for f in "${OUTSIDE[@]}"; do LANE1_IGNORES+=("--ignore=$f"); done
+elif [ "$LANES" != "1" ]; then
+  echo "test.sh: SEQHOOKS_TEST_LANES=$LANES: expected 1, 2 or 3" >&2
+  exit 2
 fi
 PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
 # Each test file's seconds and engine / vllm serve start-ups, printed at the
@@ -77,10 +106,12 @@ PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
 export SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm032.log
 : > "$SEQHOOKS_TEST_STARTUP_LOG"
 SEQHOOKS_TEST_TABLE=.test-times/vllm032.md "$PY" -m pytest tests "${LANE1_IGNORES[@]}" --durations=30 "$@" || status=$?
-if [ -n "$LANE_PID" ]; then
-  wait "$LANE_PID" || status=$?
-  echo "=== test.sh: the second lane: the vLLM 0.33 part, then ${LANE2_032_FILES[*]} on 0.32 (.test-times/vllm033.log) ==="
-  cat .test-times/vllm033.log
+if [ "${#LANE_PIDS[@]}" -gt 0 ]; then
+  for i in "${!LANE_PIDS[@]}"; do
+    wait "${LANE_PIDS[$i]}" || status=$?
+    echo "=== test.sh: lane $((i + 2)) (${LANE_LOGS[$i]}) ==="
+    cat "${LANE_LOGS[$i]}"
+  done
 elif [ "${SEQHOOKS_NO_VLLM033:-}" != "1" ]; then
   run_vllm033 "$@" || status=$?
 fi
