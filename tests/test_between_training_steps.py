@@ -53,6 +53,14 @@ def server(tiny_model_dir, tmp_path_factory):
         srv.stop()
 
 
+@pytest.fixture(autouse=True)
+def _resumed_after(server):
+    """Each test leaves the shared server resumed, also when it fails while
+    the server is paused (the next tests would wait on a paused engine)."""
+    yield
+    _post(server.url, "/resume")
+
+
 @pytest.fixture(scope="module")
 def ids(tiny_model_dir):
     from transformers import AutoTokenizer
@@ -113,14 +121,19 @@ def _nothing_held(url, timeout=30) -> dict[str, float]:
 
 def _in_flight(server, model, ids, n=4, delay_ms=40):
     """``n`` slow families sent at once (threads); returns their futures
-    once the server holds parked parents and open children."""
+    once every one of them is parked with its children running. (Not as
+    soon as one is: on a busy machine the API server hands the requests to
+    the engine a few steps apart, and a family still writing its first
+    promise when the test pauses or aborts has not yet reached what the
+    test asserts about it.)"""
     pool = ThreadPoolExecutor(n)
     futures = [pool.submit(_complete, server.url, _body(model, ids, SLOW_CHILDREN, delay_ms))
                for _ in range(n)]
     deadline = time.time() + 120
     while time.time() < deadline:
         held = _held(server.url)
-        if held["vllm:seqhooks_parked_requests"] >= 1 and held["vllm:seqhooks_open_children"] >= 2:
+        if (held["vllm:seqhooks_parked_requests"] >= n
+                and held["vllm:seqhooks_open_children"] >= 2 * n):
             pool.shutdown(wait=False)
             return futures, held
         assert not any(f.done() for f in futures), [f.result() for f in futures if f.done()]

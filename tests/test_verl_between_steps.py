@@ -102,12 +102,17 @@ async def _between_steps(local, cfg, tok, ids):
             return asyncio.create_task(client.generate(
                 "step", prompt_ids=list(prompt), sampling_params=_params(ids, children, delay_ms)))
 
-        # step 1: slow families in flight, then verl's abort-all
+        # step 1: slow families in flight (every one parked with its
+        # children running: on a busy machine they reach the engine a few
+        # steps apart, and one still writing its first promise when the
+        # abort comes has not reached what is asserted below), then verl's
+        # abort-all
         tasks = [family(SLOW_CHILDREN, delay_ms=40) for _ in range(4)]
         deadline = time.time() + 120
         while True:
             held = await _held(url)
-            if held["vllm:seqhooks_parked_requests"] >= 1 and held["vllm:seqhooks_open_children"] >= 2:
+            if (held["vllm:seqhooks_parked_requests"] >= len(tasks)
+                    and held["vllm:seqhooks_open_children"] >= 2 * len(tasks)):
                 break
             assert time.time() < deadline, f"no family in flight: {held}"
             assert not any(t.done() for t in tasks), (held, _ended(tasks, tok))
