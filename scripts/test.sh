@@ -14,8 +14,7 @@
 # the first runs vLLM 0.32's scheduler suite, then the 0.32 tests but those
 # below; the second the vLLM 0.33 part, then AFTER_033_FILES on 0.32; the
 # third LANE3_032_FILES on 0.32 (Ray clusters, the wheel's installs, verl's
-# example, the GPU-timed grid's servers, the documented commands, the
-# multiprocess deployments). The second and third lanes' output goes to
+# example, the GPU-timed grid's servers, the documented commands). The second and third lanes' output goes to
 # .test-times/vllm033.log and .test-times/lane3.log, printed when all are
 # done. Measured on 2026-12-01 (docs/testing.md): two lanes left the CPU 17 %
 # idle, three with the first lane's files unmoved left it half idle for the
@@ -43,8 +42,8 @@ LANES=${SEQHOOKS_TEST_LANES:-3}
 # after the 0.33 part; with three, LANE3_032_FILES in the third lane and
 # AFTER_033_FILES after the 0.33 part (sizes from the per-file tables).
 LANE2_032_FILES=(tests/test_ray.py tests/test_wheel.py tests/test_verl.py tests/test_gpu_timed_grid.py)
-LANE3_032_FILES=("${LANE2_032_FILES[@]}" tests/test_docs_commands.py tests/test_serve_multi.py)
-AFTER_033_FILES=(tests/test_llm_entrypoint.py tests/test_benchmarks_smoke.py)
+LANE3_032_FILES=("${LANE2_032_FILES[@]}" tests/test_docs_commands.py)
+AFTER_033_FILES=(tests/test_llm_entrypoint.py tests/test_benchmarks_smoke.py tests/test_serve_multi.py)
 mkdir -p .test-times
 # vLLM 0.33 (scripts/test_vllm033.sh, in .venv033: scripts/setup_vllm033.sh);
 # SEQHOOKS_NO_VLLM033=1 leaves it out (said, not silent).

@@ -47,13 +47,38 @@ class Server:
             self.proc.wait()
 
 
+#: Free ports :func:`start_server` tries: another process may bind the one
+#: :func:`free_port` found before ``vllm serve`` does (seen on a busy
+#: machine, beside Ray clusters, which bind many ports).
+PORT_ATTEMPTS = 3
+
+
+class ServerExited(RuntimeError):
+    """The server's process exited before ``/health`` answered."""
+
+    def __init__(self, message: str, log_tail: str) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+    @property
+    def port_taken(self) -> bool:
+        return "Address already in use" in self.log_tail
+
+
 def start_server(model: str, *flags: str, log_path: str | os.PathLike,
                  timeout: float = 300, env: dict[str, str] | None = None) -> Server:
     """``vllm serve model *flags`` on a free port of 127.0.0.1; returns once
-    ``/health`` answers (raises with the log's tail if it exits or times out)."""
-    port = free_port()
-    cmd = [vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port), *flags]
-    return start_command(cmd, port, log_path=log_path, timeout=timeout, env=env)
+    ``/health`` answers (raises with the log's tail if it exits or times out;
+    a port taken before the server bound it is tried again with another)."""
+    for attempt in range(PORT_ATTEMPTS):
+        port = free_port()
+        cmd = [vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port), *flags]
+        try:
+            return start_command(cmd, port, log_path=log_path, timeout=timeout, env=env)
+        except ServerExited as exc:
+            if not exc.port_taken or attempt == PORT_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def start_command(cmd: list[str], port: int, *, log_path: str | os.PathLike,
@@ -70,7 +95,8 @@ def start_command(cmd: list[str], port: int, *, log_path: str | os.PathLike,
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{server.log_tail()}")
+            tail = server.log_tail()
+            raise ServerExited(f"vllm serve exited with {proc.returncode}:\n{tail}", tail)
         try:
             if requests.get(server.url + "/health", timeout=2).status_code == 200:
                 return server
