@@ -14,9 +14,9 @@
 # the first runs vLLM 0.32's scheduler suite, then the 0.32 tests but those
 # below; the second the vLLM 0.33 part, then AFTER_033_FILES on 0.32; the
 # third LANE3_032_FILES on 0.32 (Ray clusters, the wheel's installs, verl's
-# example, the GPU-timed grid's servers, the documented commands). The second and third lanes' output goes to
-# .test-times/vllm033.log and .test-times/lane3.log, printed when all are
-# done. Measured on 2026-12-01 (docs/testing.md): two lanes left the CPU 17 %
+# example, the GPU-timed grid's servers, the documented commands). The
+# second and third lanes' output goes to .test-times/vllm033.log and
+# .test-times/lane3.log, printed when all are done. Measured on 2026-12-01 (docs/testing.md): two lanes left the CPU 17 %
 # idle, three with the first lane's files unmoved left it half idle for the
 # last 9 minutes, while the first lane finished alone. SEQHOOKS_TEST_LANES=2
 # runs the 0.33 part, then LANE2_032_FILES, beside the rest; =1 runs

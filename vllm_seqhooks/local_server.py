@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 def vllm_command() -> str:
     """The ``vllm`` console script next to this interpreter."""
@@ -47,7 +48,7 @@ class Server:
             self.proc.wait()
 
 
-#: Free ports :func:`start_server` tries: another process may bind the one
+#: Free ports :func:`start_on_free_port` tries: another process may bind the one
 #: :func:`free_port` found before ``vllm serve`` does (seen on a busy
 #: machine, beside Ray clusters, which bind many ports).
 PORT_ATTEMPTS = 3
@@ -69,16 +70,29 @@ def start_server(model: str, *flags: str, log_path: str | os.PathLike,
                  timeout: float = 300, env: dict[str, str] | None = None) -> Server:
     """``vllm serve model *flags`` on a free port of 127.0.0.1; returns once
     ``/health`` answers (raises with the log's tail if it exits or times out;
-    a port taken before the server bound it is tried again with another)."""
-    for attempt in range(PORT_ATTEMPTS):
+    see :func:`start_on_free_port`)."""
+    return start_on_free_port(
+        lambda port: [vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port),
+                      *flags],
+        log_path=log_path, timeout=timeout, env=env)
+
+
+def start_on_free_port(make_cmd: Callable[[int], list[str]], *, log_path: str | os.PathLike,
+                       timeout: float = 300, env: dict[str, str] | None = None) -> Server:
+    """:func:`start_command` of ``make_cmd(port)`` on a port :func:`free_port`
+    found; when the server exits because another process bound that port
+    first, again on another, :data:`PORT_ATTEMPTS` in all."""
+    def attempt() -> Server:
         port = free_port()
-        cmd = [vllm_command(), "serve", model, "--host", "127.0.0.1", "--port", str(port), *flags]
+        return start_command(make_cmd(port), port, log_path=log_path, timeout=timeout, env=env)
+
+    for _ in range(PORT_ATTEMPTS - 1):
         try:
-            return start_command(cmd, port, log_path=log_path, timeout=timeout, env=env)
+            return attempt()
         except ServerExited as exc:
-            if not exc.port_taken or attempt == PORT_ATTEMPTS - 1:
+            if not exc.port_taken:
                 raise
-    raise AssertionError("unreachable")
+    return attempt()
 
 
 def start_command(cmd: list[str], port: int, *, log_path: str | os.PathLike,

@@ -277,27 +277,29 @@ def row(config: str, profile: str, fams: list[Family], run: dict, before: dict,
 
 def server(model: str, profile: str, workdir: Path, name: str, *, trace_mode: str,
            scale: float, hooks: bool, split: bool = True):
-    from vllm_seqhooks.local_server import free_port, start_command
+    from vllm_seqhooks.local_server import start_on_free_port
 
     from benchmarks.gpu_timed.host_split import split_host
 
-    port = free_port()
     stats = workdir / f"{name}.stats.json"
-    cmd = [sys.executable, "-m", "benchmarks.gpu_timed.serve", model, "--profile", profile,
-           "--filler-token", "40", "--stats-path", str(stats),
-           "--scheduler-stats-path", f"{stats}.sched", "--trace-mode", trace_mode,
-           "--trace-scale", str(scale), "--trace-prompt-tokens", str(PROMPT_TOKENS),
-           "--host", "127.0.0.1", "--port", str(port), *serve_flags(ENGINE_SIZE),
-           "--enable-prompt-tokens-details",
-           "--disable-log-stats", "--uvicorn-log-level", "warning"]
-    if hooks:
-        cmd += ["--seqhooks", FORMAT["format"], "--max-child-depth", "1", "--fork-min-tokens", "1"]
+    hook_flags = (["--seqhooks", FORMAT["format"], "--max-child-depth", "1",
+                   "--fork-min-tokens", "1"] if hooks else [])
+
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "benchmarks.gpu_timed.serve", model, "--profile", profile,
+                "--filler-token", "40", "--stats-path", str(stats),
+                "--scheduler-stats-path", f"{stats}.sched", "--trace-mode", trace_mode,
+                "--trace-scale", str(scale), "--trace-prompt-tokens", str(PROMPT_TOKENS),
+                "--host", "127.0.0.1", "--port", str(port), *serve_flags(ENGINE_SIZE),
+                "--enable-prompt-tokens-details",
+                "--disable-log-stats", "--uvicorn-log-level", "warning", *hook_flags]
+
     # Connections kept open for the whole run: with uvicorn's 5 s default,
     # the loop's client reused a connection the server was closing after an
     # idle spell (httpx ReadError, at 64 families, 2 runs of 3).
     # VLLM_SERVER_DEV_MODE: vLLM's /reset_prefix_cache (reset_prefix_cache).
     env = {**os.environ, "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "3600", "VLLM_SERVER_DEV_MODE": "1"}
-    srv = start_command(cmd, port, log_path=workdir / f"{name}.log", timeout=600, env=env)
+    srv = start_on_free_port(command, log_path=workdir / f"{name}.log", timeout=600, env=env)
     if split:
         split_host(srv.proc.pid)
     return srv, stats

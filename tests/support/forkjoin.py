@@ -24,9 +24,14 @@ def engine_core_of(llm: Any):
     return inner
 
 
+def worker_of(llm: Any):
+    """The worker of an in-process engine with one worker."""
+    return engine_core_of(llm).model_executor.driver_worker.worker
+
+
 def model_runner_of(llm: Any):
     """The model runner of an in-process engine with one worker."""
-    return engine_core_of(llm).model_executor.driver_worker.worker.model_runner
+    return worker_of(llm).model_runner
 
 
 def fill_kv_cache_with_noise(llm: Any, seed: int = 0) -> int:
@@ -38,8 +43,7 @@ def fill_kv_cache_with_noise(llm: Any, seed: int = 0) -> int:
     same stale values run after run, could hide it."""
     import torch
 
-    worker = engine_core_of(llm).model_executor.driver_worker.worker
-    layers = worker.vllm_config.compilation_config.static_forward_context.values()
+    layers = worker_of(llm).vllm_config.compilation_config.static_forward_context.values()
     caches = [layer.kv_cache for layer in layers if isinstance(getattr(layer, "kv_cache", None),
                                                               torch.Tensor)]
     if not caches:
