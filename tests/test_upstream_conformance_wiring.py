@@ -108,7 +108,7 @@ def _report(outcomes: dict[str, str], *, hooks: int, stock: int, mode: str,
 
 
 def test_compare_reports_regressions_and_a_missing_substitution():
-    driver = _load("run_conformance")
+    driver = _load("conformance_compare")
     stock = _report({"t::a": "passed", "t::b": "passed", "t::c": "failed"},
                     hooks=0, stock=3, mode="stock")
     hooks = _report({"t::a": "passed", "t::b": "failed", "t::c": "failed"},
@@ -131,8 +131,46 @@ def test_compare_reports_regressions_and_a_missing_substitution():
     assert any("substitution missed" in p for p in driver.compare(stock, leaky)["problems"])
 
 
+def test_vllms_run_of_the_failures_only_finds_the_same_regressions():
+    """``--stock failed`` (the default): vLLM's schedulers run only the tests
+    the hooks run did not pass; a test ours passes is no regression whatever
+    vLLM's do, so the regressions are those of a run of every test."""
+    driver = _load("conformance_compare")
+    hooks = _report({"t::a": "passed", "t::b": "failed", "t::c": "failed"},
+                    hooks=3, stock=0, mode="hooks")
+    assert driver.not_passed(hooks) == ["t::b", "t::c"]
+    hooks["collection_errors"] = {"u.py::": "ImportError"}
+    assert driver.not_passed(hooks) == ["t::b", "t::c", "u.py"]
+    hooks["collection_errors"] = {}
+    full = _report({"t::a": "passed", "t::b": "passed", "t::c": "failed"},
+                   hooks=0, stock=3, mode="stock")
+    subset = _report({"t::b": "passed", "t::c": "failed"}, hooks=0, stock=2, mode="stock")
+    subset["scope"] = "not passed by the hooks run"
+    want = driver.compare(full, hooks)
+    got = driver.compare(subset, hooks)
+    assert [r["test"] for r in got["regressions"]] == [r["test"] for r in want["regressions"]] \
+        == ["t::b"]
+    assert got["fail_in_both"] == want["fail_in_both"] and got["problems"] == []
+    assert got["pass_only_with_hooks"] == []  # (t::a passed in both: not listed)
+
+    # A failure vLLM's run left out is no pass there: said, not taken as one.
+    lost = _report({"t::c": "failed"}, hooks=0, stock=1, mode="stock")
+    lost["scope"] = subset["scope"]
+    assert any("did not run 1 of the tests" in p for p in driver.compare(lost, hooks)["problems"])
+
+    # Tests of the hooks run that built only vLLM's own subclasses are listed
+    # from the hooks run itself.
+    hooks["tests"]["t::d"] = {"outcome": "passed", "schedulers": {"stock": 1, "hooks": 0}}
+    assert driver.compare(subset, hooks)["not_substituted"] == ["t::d"]
+    # Nothing passed with ours: the comparison proves nothing.
+    none_passed = _report({"t::b": "failed"}, hooks=1, stock=0, mode="hooks")
+    assert any("no upstream test passed with the hook scheduler" in p
+               for p in driver.compare(subset, none_passed)["problems"])
+
+
 def test_sdist_lookup_reads_a_simple_index_page(tmp_path):
     driver = _load("run_conformance")
+    sdist = _load("upstream_sdist")
     page = tmp_path / "simple" / "vllm"
     page.mkdir(parents=True)
     sha = driver.SDIST_SHA256
@@ -143,11 +181,11 @@ def test_sdist_lookup_reads_a_simple_index_page(tmp_path):
         'data-requires-python="&gt;=3.10">vllm-0.32.0.tar.gz</a>\n'
         "</body></html>\n"
     )
-    url, listed = driver.find_sdist((tmp_path / "simple").as_uri(), None)
+    url, listed = sdist.find_sdist((tmp_path / "simple").as_uri(), None, driver.SDIST_NAME)
     assert url == (tmp_path / "files" / "vllm-0.32.0.tar.gz").as_uri()
     assert listed == sha
     other = tmp_path / "other" / "vllm"
     other.mkdir(parents=True)
     (other / "index.html").write_text('<a href="vllm-0.31.0.tar.gz">vllm-0.31.0.tar.gz</a>')
-    with pytest.raises(driver.DownloadError, match="does not list"):
-        driver.find_sdist((tmp_path / "other").as_uri(), None)
+    with pytest.raises(sdist.DownloadError, match="does not list"):
+        sdist.find_sdist((tmp_path / "other").as_uri(), None, driver.SDIST_NAME)

@@ -34,25 +34,27 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import html
 import json
 import os
-import re
 import shutil
-import ssl
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections import Counter
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # (the sibling modules, also when loaded by path)
+    sys.path.insert(0, str(HERE))
+from conformance_compare import (  # noqa: E402
+    _counts,
+    _first_line,
+    _fmt,
+    _per_file,
+    compare,
+    not_passed,
+)
+from upstream_sdist import DownloadError, extract, fetch_sdist, log  # noqa: E402
 REPO = HERE.parents[1]
 PLUGIN = "seqhooks_conformance_plugin"
 HF_CONFIGS = HERE / "hf_configs"
@@ -162,187 +164,6 @@ SDIST_SHA256 = _DEFAULT.sha256
 EXIT_OK, EXIT_DIFF, EXIT_RUN, EXIT_DOWNLOAD = 0, 1, 2, 3
 
 
-def log(msg: str = "") -> None:
-    print(f"[upstream-conformance] {msg}" if msg else "", flush=True)
-
-
-class DownloadError(RuntimeError):
-    pass
-
-
-# --------------------------------------------------------------- download
-def _pip_config(python: str) -> dict[str, str]:
-    """``pip config list`` as {key: value} (keys like ``global.index-url``)."""
-    try:
-        out = subprocess.run(
-            [python, "-m", "pip", "config", "list"], capture_output=True,
-            text=True, timeout=120, check=False,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    cfg: dict[str, str] = {}
-    for line in out.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            cfg[key.strip()] = value.strip().strip("'\"")
-    return cfg
-
-
-def pip_default_index(python: str) -> str:
-    """The index pip uses when none is configured, asked of pip itself."""
-    code = "from pip._internal.models.index import PyPI; print(PyPI.simple_url)"
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True,
-                             timeout=120, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise DownloadError(f"cannot ask pip for its default index: {exc}") from exc
-    if not out:
-        raise DownloadError("pip named no default index")
-    return out
-
-
-def index_urls(python: str) -> tuple[list[str], str | None]:
-    """The package indexes pip would use (index-url first, then the extra
-    ones), and its configured CA bundle."""
-    cfg = _pip_config(python)
-
-    def setting(name: str) -> str | None:
-        env = os.environ.get("PIP_" + name.upper().replace("-", "_"))
-        if env:
-            return env
-        for scope in (":env:", "site", "user", "global", "install", "download"):
-            if f"{scope}.{name}" in cfg:
-                return cfg[f"{scope}.{name}"]
-        return None
-
-    urls = [setting("index-url") or pip_default_index(python)]
-    urls += (setting("extra-index-url") or "").split()
-    return [u for i, u in enumerate(urls) if u and u not in urls[:i]], setting("cert")
-
-
-def _open(url: str, cafile: str | None, accept: str | None = None, timeout: float = 60):
-    req = urllib.request.Request(url, headers={"User-Agent": "vllm-seqhooks-conformance"})
-    if accept:
-        req.add_header("Accept", accept)
-    ctx = None
-    if url.startswith("https:"):
-        ctx = ssl.create_default_context(
-            cafile=cafile if cafile and os.path.isfile(cafile) else None
-        )
-    return urllib.request.urlopen(req, timeout=timeout, context=ctx)
-
-
-def find_sdist(index: str, cafile: str | None,
-               release: Release | None = None) -> tuple[str, str | None]:
-    """(url, sha256 or None) of a release's sdist (default: the oldest one
-    in ``RELEASES``) on one simple index."""
-    name = (release or _DEFAULT).sdist
-    page = index.rstrip("/") + "/vllm/"
-    if page.startswith("file:"):
-        path = urllib.request.url2pathname(urllib.parse.urlparse(page).path)
-        if os.path.isdir(path):
-            page = urllib.parse.urljoin(page, "index.html")
-    accept = ("application/vnd.pypi.simple.v1+json, "
-              "application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1")
-    with _open(page, cafile, accept) as resp:
-        ctype = resp.headers.get("Content-Type", "") or ""
-        body = resp.read().decode("utf-8", "replace")
-        base = resp.geturl()
-    if "json" in ctype:
-        for f in json.loads(body).get("files", []):
-            if f.get("filename") == name:
-                return urllib.parse.urljoin(base, f["url"]), f.get("hashes", {}).get("sha256")
-    else:
-        for href in re.findall(r"""<a\s[^>]*href\s*=\s*["']([^"']+)["']""", body, re.I):
-            href = html.unescape(href)
-            url = urllib.parse.urljoin(base, href)
-            path, _, frag = url.partition("#")
-            if urllib.parse.unquote(path.rsplit("/", 1)[-1]) == name:
-                m = re.search(r"sha256=([0-9a-f]{64})", frag)
-                return path, m.group(1) if m else None
-    raise DownloadError(f"{page} does not list {name}")
-
-
-def fetch_sdist(cache: Path, python: str, local: str | None, release: Release) -> Path:
-    name, sha = release.sdist, release.sha256
-    dest = cache / "sdist" / name
-    if local:
-        src = Path(local)
-        if not src.is_file():
-            raise DownloadError(f"--sdist {src}: no such file")
-        if _sha256(src) != sha:
-            raise DownloadError(f"--sdist {src}: sha256 is not that of {name}")
-        return src
-    if dest.is_file() and _sha256(dest) == sha:
-        log(f"sdist: cached {dest}")
-        return dest
-    urls, cafile = index_urls(python)
-    errors: list[str] = []
-    for index in urls:
-        try:
-            url, listed_sha = find_sdist(index, cafile, release)
-        except (DownloadError, urllib.error.URLError, OSError, ValueError) as e:
-            errors.append(f"{index}: {e}")
-            continue
-        if listed_sha and listed_sha != sha:
-            errors.append(f"{index}: lists {name} with sha256 {listed_sha}, "
-                          f"expected {sha}")
-            continue
-        log(f"sdist: downloading {url}")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        part = dest.with_suffix(".part")
-        t0 = time.time()
-        try:
-            h = hashlib.sha256()
-            with _open(url, cafile, timeout=120) as resp, open(part, "wb") as out:
-                while chunk := resp.read(1 << 20):
-                    h.update(chunk)
-                    out.write(chunk)
-        except (urllib.error.URLError, OSError) as e:
-            errors.append(f"{url}: {e}")
-            part.unlink(missing_ok=True)
-            continue
-        if h.hexdigest() != sha:
-            part.unlink(missing_ok=True)
-            errors.append(f"{url}: sha256 {h.hexdigest()} != {sha}")
-            continue
-        os.replace(part, dest)
-        log(f"sdist: {dest.stat().st_size / 1e6:.1f} MB in {time.time() - t0:.1f} s")
-        return dest
-    raise DownloadError("; ".join(errors) or "no package index configured")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def extract(sdist: Path, cache: Path, release: Release) -> Path:
-    """Extract ``tests/`` and ``pyproject.toml`` (not the ``vllm`` package:
-    the tests must import the installed vLLM) into the cache."""
-    root = cache / "src"
-    top = release.top
-    dest = root / top
-    marker = root / f".extracted-{release.sha256[:16]}"
-    if marker.is_file() and (dest / "tests" / "v1").is_dir():
-        return dest
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    tmp = Path(tempfile.mkdtemp(dir=root))
-    prefix = f"{top}/tests/"
-    with tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers()
-                   if m.name.startswith(prefix) or m.name == f"{top}/pyproject.toml"]
-        tar.extractall(tmp, members=members, filter="data")
-    os.replace(tmp / top, dest)
-    tmp.rmdir()
-    marker.write_text(release.sha256 + "\n")
-    log(f"extracted {len(members)} files to {dest}")
-    return dest
-
 
 def write_hf_cache(cache: Path) -> Path:
     """An offline Hugging Face cache holding only config.json files: one per
@@ -443,107 +264,58 @@ def _tail(path: Path, n: int) -> str:
         return ""
 
 
-# ------------------------------------------------------------- comparison
-def _counts(data: dict) -> dict[str, int]:
-    c = Counter(e.get("outcome") or "unknown" for e in data["tests"].values())
-    out = {k: c.get(k, 0) for k in ("passed", "failed", "error", "skipped")}
-    for k in ("xfailed", "xpassed", "unknown"):
-        if c.get(k):
-            out[k] = c[k]
-    out["collection_errors"] = len(data.get("collection_errors", {}))
-    return out
+#: Above this many tests the hooks run did not pass, vLLM's run takes their
+#: files rather than each test id (a command line of reasonable length).
+MAX_STOCK_IDS = 300
 
 
-def _per_file(data: dict) -> dict[str, dict[str, int]]:
-    out: dict[str, Counter] = {}
-    for t, e in data["tests"].items():
-        out.setdefault(t.split("::")[0], Counter())[e.get("outcome") or "unknown"] += 1
-    for t in data.get("collection_errors", {}):
-        out.setdefault(t.split("::")[0], Counter())["not_collected"] += 1
-    return {f: dict(c) for f, c in sorted(out.items())}
+def run_both(args, src: Path, env: dict[str, str], results: Path,
+             paths: list[str]) -> tuple[dict | None, dict | None]:
+    """Every selected test with vLLM's schedulers and with ours
+    (``--stock all``), at once with ``--jobs 2``."""
+    runs: dict[str, dict | None] = {}
+    if args.jobs == 2:
+        started = {m: start_run(args, src, env, m, results, paths) for m in ("stock", "hooks")}
+        deadline = time.time() + args.run_timeout
+        for m, r in started.items():
+            runs[m] = wait_run(m, *r, deadline=deadline)
+    else:
+        for m in ("stock", "hooks"):
+            runs[m] = _run(args, src, env, m, results, paths)
+    return runs["stock"], runs["hooks"]
 
 
-def _fmt(c: dict[str, int]) -> str:
-    parts = [f"{c['passed']} passed", f"{c['failed']} failed", f"{c['error']} errors",
-             f"{c['skipped']} skipped"]
-    parts += [f"{c[k]} {k}" for k in ("xfailed", "xpassed", "unknown") if c.get(k)]
-    if c["collection_errors"]:
-        parts.append(f"{c['collection_errors']} modules not collected")
-    return ", ".join(parts)
+def run_hooks_then_stock_on_failures(args, src: Path, env: dict[str, str], results: Path,
+                                     paths: list[str]) -> tuple[dict | None, dict | None]:
+    """The selected tests with our schedulers, then with vLLM's only those
+    ours did not pass (``--stock failed``): the same regressions as
+    :func:`run_both` for about half the work."""
+    hooks = _run(args, src, env, "hooks", results, paths)
+    if hooks is None:
+        return None, None
+    failed = not_passed(hooks)
+    scope = "not passed by the hooks run"
+    if not failed:
+        log("stock run: not needed (every test passed with the hook scheduler)")
+        return {"scope": scope, "tests": {}, "collection_errors": {},
+                "schedulers_created": {"hooks": 0, "stock": 0}, "scheduler_classes": {},
+                "wall_s": 0.0}, hooks
+    log(f"stock run: the {len(failed)} test(s) the hook scheduler did not pass")
+    if len(failed) > MAX_STOCK_IDS:
+        failed = sorted({t.split("::")[0] for t in failed})
+    stock = _run(args, src, env, "stock", results, failed)
+    if stock is not None:
+        stock["scope"] = scope
+    return stock, hooks
 
 
-def _first_line(msg: str | None) -> str:
-    msg = (msg or "").strip()
-    return msg.splitlines()[0][:300] if msg else ""
-
-
-def _reason(msg: str | None) -> str:
-    """A failure message, whitespace collapsed and shortened (for grouping)."""
-    text = " ".join((msg or "").split())
-    text = re.sub(r"\[type=value_error, input_value=.*", "", text)
-    return text[:400] or "(no message)"
-
-
-def compare(stock: dict, hooks: dict) -> dict[str, Any]:
-    st, hk = stock["tests"], hooks["tests"]
-    stock_pass = {t for t, e in st.items() if e.get("outcome") == "passed"}
-    regressions = []
-    for t in sorted(stock_pass):
-        e = hk.get(t)
-        if e is None or e.get("outcome") != "passed":
-            regressions.append({
-                "test": t,
-                "hooks_outcome": e.get("outcome") if e else "not run (not collected)",
-                "message": (e or {}).get("message"),
-                "when": (e or {}).get("when"),
-                "traceback": (e or {}).get("longrepr"),
-            })
-    only_hooks_pass = sorted(t for t, e in hk.items()
-                             if e.get("outcome") == "passed" and t not in stock_pass)
-    both_fail: dict[str, list[str]] = {}
-    for t, e in sorted(st.items()):
-        if e.get("outcome") in ("failed", "error") and hk.get(t, {}).get("outcome") != "passed":
-            both_fail.setdefault(_reason(e.get("message")), []).append(t)
-    # Substitution: tests that built schedulers in the stock run must have
-    # built ours in the hooks run.
-    not_substituted = sorted(
-        t for t, e in st.items()
-        if (e.get("schedulers") or {}).get("stock")
-        and not (hk.get(t, {}).get("schedulers") or {}).get("hooks")
-    )
-    sched_tests_stock = sum(1 for e in st.values() if (e.get("schedulers") or {}).get("stock"))
-    sched_tests_hooks = sum(1 for e in hk.values() if (e.get("schedulers") or {}).get("hooks"))
-    hook_samples = {t: e["hook_tokens_sampled"] for t, e in hk.items()
-                    if e.get("hook_tokens_sampled")}
-    problems = []
-    if not stock_pass:
-        problems.append("no upstream test passed with the stock scheduler")
-    if hooks["schedulers_created"]["hooks"] == 0:
-        problems.append("the hooks run built no hook scheduler (the substitution "
-                        "did not happen, or the selected tests build none): the "
-                        "comparison proves nothing")
-    if stock["schedulers_created"]["hooks"]:
-        problems.append("the stock run built hook schedulers")
-    # vLLM's own subclasses (DiffusionScheduler, ...) legitimately stay stock
-    # in the hooks run; the plain classes must never be built there.
-    missed = {c: n for c, n in hooks.get("stock_scheduler_classes", {}).items()
-              if c in hooks.get("stock_base_classes", [])}
-    if missed:
-        problems.append("the hooks run built vLLM's plain Scheduler/AsyncScheduler "
-                        f"(substitution missed): {missed}")
-    if hook_samples:
-        problems.append(f"{len(hook_samples)} test(s) sampled a hook token id; pick "
-                        "other ids in seqhooks_conformance_plugin.HOOK_TOKEN_IDS")
-    return {
-        "regressions": regressions,
-        "pass_only_with_hooks": only_hooks_pass,
-        "fail_in_both": both_fail,
-        "not_substituted": not_substituted,
-        "stock_classes_in_hooks_run": hooks.get("stock_scheduler_classes", {}),
-        "scheduler_tests": {"stock_run": sched_tests_stock, "hooks_run": sched_tests_hooks},
-        "hook_tokens_sampled": hook_samples,
-        "problems": problems,
-    }
+def _run(args, src: Path, env: dict[str, str], mode: str, results: Path,
+         paths: list[str]) -> dict | None:
+    r = start_run(args, src, env, mode, results, paths)
+    data = wait_run(mode, *r, deadline=time.time() + args.run_timeout)
+    if data is not None:
+        log(f"{mode:5s} run: {_fmt(_counts(data))}  [{data['wall_s']:.0f} s]")
+    return data
 
 
 # --------------------------------------------------------------------- main
@@ -610,11 +382,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="use this vllm-VERSION.tar.gz instead of downloading it "
                          "(also $SEQHOOKS_VLLM_SDIST)")
     ap.add_argument("-k", default=None, help="pytest -k expression for both runs")
+    ap.add_argument("--stock", choices=("failed", "all"), default="failed",
+                    help="which tests run with vLLM's schedulers: 'failed' (the "
+                         "default): the hooks run first, then vLLM's schedulers "
+                         "only on the tests ours did not pass (a test ours passes "
+                         "is no regression whatever vLLM's do); 'all': every "
+                         "test with both (to see what passes with ours only)")
     ap.add_argument("--jobs", type=int, choices=(1, 2),
                     default=2 if (os.cpu_count() or 1) >= 2 else 1,
-                    help="2: run the stock and hooks runs at the same time "
-                         "(default: 2 with 2 or more CPUs, else 1; each run "
-                         "is one single-threaded pytest process)")
+                    help="with --stock all, 2: run the stock and hooks runs at "
+                         "the same time (default: 2 with 2 or more CPUs, else 1; "
+                         "each run is one single-threaded pytest process)")
     ap.add_argument("--test-timeout", type=int, default=120,
                     help="per-test time limit in seconds (0: none)")
     ap.add_argument("--run-timeout", type=int, default=900,
@@ -669,28 +447,21 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ERROR: not in the sdist: {', '.join(missing)}")
         return EXIT_RUN
     env = run_env(cache, hf_home)
-    log(f"running {len(paths)} upstream test file(s) twice (logs: {results}/"
-        "{stock,hooks}.log)")
+    log(f"running {len(paths)} upstream test file(s) with our schedulers and "
+        f"{'all' if args.stock == 'all' else 'those ours do not pass'} with vLLM's "
+        f"(logs: {results}/{{stock,hooks}}.log)")
 
-    runs: dict[str, dict | None] = {}
-    if args.jobs == 2:
-        started = {m: start_run(args, src, env, m, results, paths) for m in ("stock", "hooks")}
-        deadline = time.time() + args.run_timeout
-        for m, r in started.items():
-            runs[m] = wait_run(m, *r, deadline=deadline)
+    if args.stock == "all":
+        stock, hooks = run_both(args, src, env, results, paths)
     else:
-        for m in ("stock", "hooks"):
-            r = start_run(args, src, env, m, results, paths)
-            runs[m] = wait_run(m, *r, deadline=time.time() + args.run_timeout)
-            if runs[m] is not None:
-                log(f"{m:5s} run: {_fmt(_counts(runs[m]))}  [{runs[m]['wall_s']:.0f} s]")
-    stock, hooks = runs["stock"], runs["hooks"]
+        stock, hooks = run_hooks_then_stock_on_failures(args, src, env, results, paths)
     if stock is None or hooks is None:
         log("FAILED: a pytest run did not complete; nothing was compared.")
         return EXIT_RUN
 
     cmp = compare(stock, hooks)
     cs, ch = _counts(stock), _counts(hooks)
+    every_test = stock.get("scope", "all") == "all"
     wall = time.time() - t_start
     summary = {
         "vllm_version": release.version,
@@ -699,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         "source": str(src),
         "selection": paths,
         "k": args.k,
+        "stock_scope": stock.get("scope", "all"),
         "stock": {"counts": cs, "wall_s": stock["wall_s"],
                   "schedulers_created": stock["schedulers_created"],
                   "scheduler_classes": stock["scheduler_classes"],
@@ -711,16 +483,34 @@ def main(argv: list[str] | None = None) -> int:
                   "late_rebinds": hooks["late_rebinds"],
                   "collection_errors": sorted(hooks["collection_errors"])},
         **cmp,
-        "per_file": {f: {"stock": c, "hooks": _per_file(hooks).get(f, {})}
-                     for f, c in _per_file(stock).items()},
+        "per_file": {f: {"stock": _per_file(stock).get(f, {}), "hooks": c}
+                     for f, c in _per_file(hooks).items()},
         "wall_s": round(wall, 1),
         "ok": not cmp["regressions"] and not cmp["problems"],
     }
     (results / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    print_report(summary, cmp, stock, hooks, args.show_traceback_lines)
+    log(f"summary: {results / 'summary.json'}  (wall time {wall:.0f} s)")
+    if summary["ok"]:
+        if every_test:
+            log(f"OK: all {cs['passed']} upstream tests that pass with vLLM's scheduler "
+                "pass with the hook scheduler.")
+        else:
+            log(f"OK: {ch['passed']} upstream tests pass with the hook scheduler; the "
+                f"{len(stock['tests'])} it did not pass do not pass with vLLM's either "
+                "(--stock all runs every test with both).")
+        return EXIT_OK
+    log(f"FAILED: {len(cmp['regressions'])} difference(s), {len(cmp['problems'])} problem(s).")
+    return EXIT_DIFF
 
+
+def print_report(summary: dict, cmp: dict, stock: dict, hooks: dict,
+                 traceback_lines: int) -> None:
+    """Both runs' counts, what the hooks run built, and each difference."""
     log()
-    log(f"stock schedulers : {_fmt(cs)}")
-    log(f"hook schedulers  : {_fmt(ch)}")
+    scope = "" if summary["stock_scope"] == "all" else " (the tests ours did not pass)"
+    log(f"stock schedulers{scope}: {_fmt(summary['stock']['counts'])}")
+    log(f"hook schedulers  : {_fmt(summary['hooks']['counts'])}")
     log(f"schedulers built : stock run {stock['schedulers_created']['stock']} stock "
         f"(in {cmp['scheduler_tests']['stock_run']} tests); hooks run "
         f"{hooks['schedulers_created']['hooks']} hook + "
@@ -747,17 +537,10 @@ def main(argv: list[str] | None = None) -> int:
                 + (f" in {r['when']}" if r.get("when") and r["when"] != "call" else "") + "]")
             if r.get("message"):
                 log(f"    {_first_line(r['message'])}")
-            if args.show_traceback_lines and r.get("traceback"):
-                lines = r["traceback"].rstrip().splitlines()[-args.show_traceback_lines:]
+            if traceback_lines and r.get("traceback"):
+                lines = r["traceback"].rstrip().splitlines()[-traceback_lines:]
                 print("\n".join("      | " + ln for ln in lines), flush=True)
     log()
-    log(f"summary: {results / 'summary.json'}  (wall time {wall:.0f} s)")
-    if summary["ok"]:
-        log(f"OK: all {cs['passed']} upstream tests that pass with vLLM's scheduler "
-            "pass with the hook scheduler.")
-        return EXIT_OK
-    log(f"FAILED: {len(regs)} difference(s), {len(cmp['problems'])} problem(s).")
-    return EXIT_DIFF
 
 
 if __name__ == "__main__":
