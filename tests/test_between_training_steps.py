@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.support.server import SCRIPTED, TINY_FLAGS, metric, scrape, start_server
+from tests.support.server import SCRIPTED, TINY_FLAGS, metric, scrape, start_test_server
 
 pytestmark = pytest.mark.slow
 
@@ -44,9 +44,9 @@ def server(tiny_model_dir, tmp_path_factory):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("VLLM_") or k in vllm_envs.environment_variables}
     env["VLLM_SERVER_DEV_MODE"] = "1"
-    srv = start_server(tiny_model_dir, *TINY_FLAGS, "--sync-token", "<sync>",
-                       "--promise-token", "<promise>", "--promise-end-token", "</promise>",
-                       "--logits-processors", SCRIPTED, log_path=log_path, env=env)
+    srv = start_test_server(tiny_model_dir, *TINY_FLAGS, "--sync-token", "<sync>",
+                            "--promise-token", "<promise>", "--promise-end-token", "</promise>",
+                            "--logits-processors", SCRIPTED, log_path=log_path, env=env)
     try:
         yield srv
     finally:

@@ -221,11 +221,11 @@ def _served_features(log_path, env) -> None:
     from openai import OpenAI
 
     from vllm_seqhooks.check import trained_engine_flags
-    from tests.support.server import start_server
+    from tests.support.server import start_test_server
 
     model = str(task.model_dir())
-    server = start_server(model, "--seqhooks", "auto", *trained_engine_flags(),
-                          log_path=log_path, env=env)
+    server = start_test_server(model, "--seqhooks", "auto", *trained_engine_flags(),
+                               log_path=log_path, env=env)
     try:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120)
 

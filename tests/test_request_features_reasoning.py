@@ -241,12 +241,12 @@ def _served_reasoning_with_forks(qwen_model, log_path, env) -> None:
     """The served test's body (in a thread of its own)."""
     from openai import OpenAI
 
-    from tests.support.server import SCRIPTED, TINY_FLAGS, start_server
+    from tests.support.server import SCRIPTED, TINY_FLAGS, start_test_server
     from vllm_seqhooks.scripted.processor import encode_script
 
     tok, model = qwen_model
-    server = start_server(model, *TINY_FLAGS, "--seqhooks", "promise", "--reasoning-parser",
-                          "qwen3", "--logits-processors", SCRIPTED, log_path=log_path, env=env)
+    server = start_test_server(model, *TINY_FLAGS, "--seqhooks", "promise", "--reasoning-parser",
+                               "qwen3", "--logits-processors", SCRIPTED, log_path=log_path, env=env)
 
     def xargs(script: str, end: str = "eos") -> dict:
         return {"seqhooks_script": encode_script(tok, script), "seqhooks_script_end": end,

@@ -15,7 +15,7 @@ from tests.support.server import (
     TINY_FLAGS,
     metric,
     scrape,
-    start_server,
+    start_test_server,
     vllm_command,
 )
 
@@ -35,12 +35,12 @@ def server(tiny_model_dir, tmp_path_factory):
     # own check calls that variable unknown: leave such leftovers out
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("VLLM_") or k in vllm_envs.environment_variables}
-    srv = start_server(tiny_model_dir, *COMMON, "--sync-token", "<sync>",
-                       "--promise-token-id", "4", "--promise-end-token", "</promise>",
-                       "--logits-processors", SCRIPTED,
-                       # vLLM refuses unknown VLLM_* environment variables
-                       # with this flag: the plugin must not introduce any
-                       "--fail-on-environ-validation", log_path=log_path, env=env)
+    srv = start_test_server(tiny_model_dir, *COMMON, "--sync-token", "<sync>",
+                            "--promise-token-id", "4", "--promise-end-token", "</promise>",
+                            "--logits-processors", SCRIPTED,
+                            # vLLM refuses unknown VLLM_* environment variables
+                            # with this flag: the plugin must not introduce any
+                            "--fail-on-environ-validation", log_path=log_path, env=env)
     try:
         yield srv.url, log_path
     finally:

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-from tests.support.server import SCRIPTED, TINY_FLAGS, start_server
+from tests.support.server import SCRIPTED, TINY_FLAGS, start_test_server
 
 BEFORE = "Let me think.<Parallel>"
 CHILDREN = {"0": "A is right</Path>ignored", "1": "B too"}
@@ -27,9 +27,9 @@ def server(tiny_model_dir, tmp_path_factory):
 
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("VLLM_") or k in vllm_envs.environment_variables}
-    srv = start_server(tiny_model_dir, *TINY_FLAGS, "--seqhooks", "parallel-r1",
-                       "--logits-processors", SCRIPTED,
-                       log_path=tmp_path_factory.mktemp("serve") / "server.log", env=env)
+    srv = start_test_server(tiny_model_dir, *TINY_FLAGS, "--seqhooks", "parallel-r1",
+                            "--logits-processors", SCRIPTED,
+                            log_path=tmp_path_factory.mktemp("serve") / "server.log", env=env)
     try:
         yield srv
     finally:
