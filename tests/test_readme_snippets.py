@@ -20,15 +20,21 @@ CRASH_LIKE = ("Traceback", "exited unexpectedly", "force killing")
 def test_rl_rollout_example_runs_reproducibly():
     """``examples/rl_rollout.py --problems 3``: its third group (``sort 9=``)
     never forks and still gets its rows; the seeded samples repeat run to
-    run; the process exits cleanly. (The two runs go at once, each on one
+    run, in vLLM's multiprocess engine and in an in-process one; the process
+    exits cleanly. (The two runs go at once, each on one
     OpenMP thread: each is mostly one busy process at a time, so two share
     the machine's cores, where two with torch's thread per core would spin
     against each other; both runs alike, so run to run still compares the
     same thing.)"""
     cmd = [sys.executable, str(ROOT / "examples" / "rl_rollout.py"), "--problems", "3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    # The first as pasted (vLLM's multiprocess engine: its shutdown is
+    # checked); the second with the engine in the example's process, which
+    # spawns two processes fewer and must sample the same seeded tokens.
+    envs = [env, {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}]
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for run_env in envs]
     runs = [_finished(proc, timeout=600) for proc in procs]
     for proc in runs:
         output = proc.stdout + proc.stderr
