@@ -19,7 +19,9 @@ Time (issue 51: over 60 s, and why): six engines, none of which another
 test's can be: the oracle's stock server, the hook servers of the "ids" and
 the "text" boundaries (an engine setting), the GRPO example's in its own
 process and the rollout benchmark's two in its own, each a multiprocess
-engine (verl's server) of about 12 s to start and 5 s to stop. The two
+engine (verl's server) of about 12 s to start and 5 s to stop; the three
+in this process run their workers in their EngineCore processes
+(``VERL_WORKER_IN_ENGINE_PROCESS``), the scripts' as pasted. The two
 scripts run ahead (``scripts_ahead``), beside the in-process tests, every
 engine process on one OpenMP thread (``verl_env``)."""
 
@@ -37,6 +39,7 @@ from vllm_seqhooks.integrations.verl.rows import agent_loop_fields
 from vllm_seqhooks.tasks import threadweaver as task
 
 from tests.support.run_ahead import RunAhead
+from tests.support.server import VERL_WORKER_IN_ENGINE_PROCESS, WORKER_IN_ENGINE_PROCESS
 from tests.test_rollout import RESPONSE, TRACE
 
 PROBLEMS = ["3917425", "12", "987654321", "5", "80604020", "1111222233334444", "73", "90817"]
@@ -129,8 +132,21 @@ def verl_env():
     # (run ahead, beside them) would otherwise spin against each other on
     # two cores; the oracle's server and the hook servers alike
     mp.setenv("OMP_NUM_THREADS", "1")
+    # the servers' workers in their EngineCore processes (two processes a
+    # server, not three: VERL_WORKER_IN_ENGINE_PROCESS); the scripts run as
+    # pasted, without it (_script_env)
+    for key, value in WORKER_IN_ENGINE_PROCESS.items():
+        mp.setenv(key, value)
     yield
     mp.undo()
+
+
+def _script_env() -> dict[str, str]:
+    """This process's environment as a user's shell has it: without
+    :data:`WORKER_IN_ENGINE_PROCESS` (``verl_env``)."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k not in WORKER_IN_ENGINE_PROCESS}
 
 
 async def _oracle_rows(local, cfg, prompts):
@@ -192,7 +208,8 @@ def scripts_ahead(request, verl_env):
 @pytest.fixture(scope="module")
 def threadweaver_oracle(verl_env, scripts_ahead):
     local = _verl_local()
-    stock = local.trainer_config(str(task.model_dir()), None, temperature=0.0)
+    stock = local.trainer_config(str(task.model_dir()), None, temperature=0.0,
+                                 overrides=VERL_WORKER_IN_ENGINE_PROCESS)
     return asyncio.run(_oracle_rows(local, stock, [task.prompt_text(d) for d in PROBLEMS]))
 
 
@@ -212,7 +229,9 @@ def test_agent_loop_rows_equal_threadweavers_client_loop_over_stock_vllm(
                     str(seqhooks_verl.AGENT_LOOPS_AS_SINGLE_TURN)}
     hooks = local.trainer_config(str(task.model_dir()),
                                  {"format": "auto", "boundary_tokenization": boundaries},
-                                 temperature=0.0, overrides=one_line if boundaries == "text" else {})
+                                 temperature=0.0,
+                                 overrides={**VERL_WORKER_IN_ENGINE_PROCESS,
+                                            **(one_line if boundaries == "text" else {})})
     saved = dict(_agent_loop_registry)
     try:
         batch = asyncio.run(_agent_loop_batch(local, hooks,
@@ -268,7 +287,7 @@ def _grpo_example() -> None:
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, str(root / "examples" / "verl_grpo_rollouts.py"),
                            "--problems", "3", "--group", "2"],
-                          cwd=root, capture_output=True, text=True, timeout=600)
+                          cwd=root, capture_output=True, text=True, timeout=600, env=_script_env())
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert not [c for c in CRASH_LIKE if c in output], output[-3000:]
@@ -304,7 +323,7 @@ def _benchmark_smoke() -> None:
         tmp_path = Path(out)
         proc = subprocess.run([sys.executable, "-m", "benchmarks.verl_rollout", "--smoke",
                                "--out", str(tmp_path)], cwd=root, capture_output=True,
-                              text=True, timeout=600)
+                              text=True, timeout=600, env=_script_env())
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
         results = json.loads((tmp_path / "verl_rollout.json").read_text())
         report = (tmp_path / "verl_rollout.md").read_text()

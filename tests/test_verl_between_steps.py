@@ -25,7 +25,13 @@ import time
 
 import pytest
 
-from tests.support.server import SCRIPTED, metric, scrape
+from tests.support.server import (
+    SCRIPTED,
+    VERL_WORKER_IN_ENGINE_PROCESS,
+    WORKER_IN_ENGINE_PROCESS,
+    metric,
+    scrape,
+)
 from tests.test_between_training_steps import (CHILDREN, EXPECTED, HELD, SLOW_CHILDREN,
                                                script_args)
 
@@ -154,6 +160,8 @@ def test_abort_all_clear_and_resume_through_verls_server(local, tiny_model_dir, 
     from vllm_seqhooks.scripted.processor import encode_script
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    for key, value in WORKER_IN_ENGINE_PROCESS.items():  # (with VERL_WORKER_IN_ENGINE_PROCESS)
+        monkeypatch.setenv(key, value)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     cfg = local.trainer_config(
         tiny_model_dir, {"sync_token": "<sync>", "promise_token": "<promise>",
@@ -161,5 +169,6 @@ def test_abort_all_clear_and_resume_through_verls_server(local, tiny_model_dir, 
         prompt_length=32, response_length=160, calculate_log_probs=False,
         overrides={"actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors": [SCRIPTED],
                    # (verl turns vLLM's stats off by default: the gauges read here need them)
-                   "actor_rollout_ref.rollout.disable_log_stats": False})
+                   "actor_rollout_ref.rollout.disable_log_stats": False,
+                   **VERL_WORKER_IN_ENGINE_PROCESS})
     asyncio.run(_between_steps(local, cfg, tok, lambda text: encode_script(tok, text)))

@@ -42,3 +42,13 @@ def start_test_server(model: str, *flags: str, log_path: str | os.PathLike,
     for key, value in WORKER_IN_ENGINE_PROCESS.items():
         env.setdefault(key, value)
     return start_server(model, *flags, log_path=log_path, timeout=timeout, env=env)
+
+
+#: The override of verl's trainer config (``local.trainer_config(overrides=)``)
+#: that, with :data:`WORKER_IN_ENGINE_PROCESS` in the test process's
+#: environment while the server starts, runs verl's server's worker in its
+#: EngineCore process too: verl asks vLLM for the multiprocess executor
+#: (``distributed_executor_backend: "mp"`` in ``vllm_async_server.py``,
+#: before its ``engine_kwargs``, which win).
+VERL_WORKER_IN_ENGINE_PROCESS = {
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend": "uni"}
