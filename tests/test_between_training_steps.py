@@ -165,7 +165,9 @@ def test_pause_abort_leaves_nothing_and_the_next_step_is_right(server, tiny_mode
 
 
 def test_pause_keep_freezes_families_that_finish_right_on_resume(server, tiny_model_dir, ids):
-    futures, _held_then = _in_flight(server, tiny_model_dir, ids, delay_ms=20)
+    # (40 ms a step, as the abort test: with 20 a family finished before the
+    # fourth was parked in a clean-clone run on a busy machine, 2026-12-02)
+    futures, _held_then = _in_flight(server, tiny_model_dir, ids, delay_ms=40)
     assert _post(server.url, "/pause", mode="keep") == {"status": "paused"}
     time.sleep(1.0)
     assert not any(f.done() for f in futures)  # frozen, not aborted
@@ -177,7 +179,9 @@ def test_pause_keep_freezes_families_that_finish_right_on_resume(server, tiny_mo
 
 
 def test_pause_wait_drains_the_families_first(server, tiny_model_dir, ids):
-    futures, _held_then = _in_flight(server, tiny_model_dir, ids, delay_ms=20)
+    # (40 ms a step, as the abort test: with 20 a family finished before the
+    # fourth was parked in a clean-clone run on a busy machine, 2026-12-02)
+    futures, _held_then = _in_flight(server, tiny_model_dir, ids, delay_ms=40)
     result = {}
     pause = threading.Thread(target=lambda: result.update(
         _post(server.url, "/pause", mode="wait")))
@@ -210,7 +214,9 @@ def test_sleep_and_wake_up_with_families_frozen(server, tiny_model_dir, ids):
     ``/wake_up``: the families finish right, nothing is left. On CPU vLLM's
     worker ignores the level (no weights offloaded, it logs so): what a GPU
     frees and restores is not exercised here, the scheduler's side is."""
-    futures, _held_then = _in_flight(server, tiny_model_dir, ids, delay_ms=20)
+    # (40 ms a step, as the abort test: with 20 a family finished before the
+    # fourth was parked in a clean-clone run on a busy machine, 2026-12-02)
+    futures, _held_then = _in_flight(server, tiny_model_dir, ids, delay_ms=40)
     _post(server.url, "/sleep", level=1, mode="keep")  # fails if the caches cannot be cleared
     time.sleep(0.5)
     assert not any(f.done() for f in futures)
