@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.crash_like import crash_like
+
 ROOT = Path(__file__).resolve().parents[1]
-CRASH_LIKE = ("Traceback", "exited unexpectedly", "force killing")
 
 
 @pytest.mark.slow
@@ -39,7 +40,7 @@ def test_rl_rollout_example_runs_reproducibly():
     for proc in runs:
         output = proc.stdout + proc.stderr
         assert proc.returncode == 0, output[-3000:]
-        assert not [c for c in CRASH_LIKE if c in output], output[-3000:]
+        assert not crash_like(output), crash_like(output)
     groups = [[line for line in proc.stdout.splitlines()
                if line.startswith(("problem", "  reward"))] for proc in runs]
     assert groups[0] == groups[1]

@@ -281,7 +281,7 @@ def test_the_grpo_example_runs_through_verls_agent_loop_worker(scripts_ahead):
 def _grpo_example() -> None:
     from pathlib import Path
 
-    from tests.test_readme_snippets import CRASH_LIKE
+    from tests.support.crash_like import crash_like
 
     _verl_local()
     root = Path(__file__).resolve().parents[1]
@@ -290,7 +290,7 @@ def _grpo_example() -> None:
                           cwd=root, capture_output=True, text=True, timeout=600, env=_script_env())
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
-    assert not [c for c in CRASH_LIKE if c in output], output[-3000:]
+    assert not crash_like(output), crash_like(output)
     # (stopped within local.stop_server's wait, busy machine or not: vLLM's
     # 5 s grace ran out under load, issue 51 item 6)
     assert "still running after grace period" not in output, output[-3000:]

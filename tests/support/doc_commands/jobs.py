@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tests.support.crash_like import crash_like
 from tests.support.doc_commands.blocks import ROOT, Block
 from tests.support.resource_watch import GIB, Stopwatch, TreeMemory
 from tests.support.run_ahead import say
 
-CRASH_LIKE = ("Traceback", "exited unexpectedly", "force killing")
 #: Issue 49, item 1.
 PEAK_LIMIT = 3 * GIB
 HEALTHY_IN = 60
@@ -145,7 +145,7 @@ class Run(Handler):
 
     def _finish(self, what: str, m: Measured) -> None:
         assert m.returncode == 0, m.output[-3000:]
-        assert not [c for c in CRASH_LIKE if c in m.output], m.output[-3000:]
+        assert not crash_like(m.output), crash_like(m.output)
         for text in self.expect:
             assert text in m.stdout, (text, m.stdout[-3000:])
         if self.check is not None:
