@@ -125,7 +125,9 @@ def _in_flight(server, model, ids, n=4, delay_ms=40):
     soon as one is: on a busy machine the API server hands the requests to
     the engine a few steps apart, and a family still writing its first
     promise when the test pauses or aborts has not yet reached what the
-    test asserts about it.)"""
+    test asserts about it. Steps of ``delay_ms``: with 20 ms a family
+    finished before the fourth was parked, in a clean-clone run on a busy
+    machine, 2026-12-02.)"""
     pool = ThreadPoolExecutor(n)
     futures = [pool.submit(_complete, server.url, _body(model, ids, SLOW_CHILDREN, delay_ms))
                for _ in range(n)]
@@ -165,9 +167,7 @@ def test_pause_abort_leaves_nothing_and_the_next_step_is_right(server, tiny_mode
 
 
 def test_pause_keep_freezes_families_that_finish_right_on_resume(server, tiny_model_dir, ids):
-    # (40 ms a step, as the abort test: with 20 a family finished before the
-    # fourth was parked in a clean-clone run on a busy machine, 2026-12-02)
-    futures, _held_then = _in_flight(server, tiny_model_dir, ids, delay_ms=40)
+    futures, _held_then = _in_flight(server, tiny_model_dir, ids)
     assert _post(server.url, "/pause", mode="keep") == {"status": "paused"}
     time.sleep(1.0)
     assert not any(f.done() for f in futures)  # frozen, not aborted
@@ -179,9 +179,7 @@ def test_pause_keep_freezes_families_that_finish_right_on_resume(server, tiny_mo
 
 
 def test_pause_wait_drains_the_families_first(server, tiny_model_dir, ids):
-    # (40 ms a step, as the abort test: with 20 a family finished before the
-    # fourth was parked in a clean-clone run on a busy machine, 2026-12-02)
-    futures, _held_then = _in_flight(server, tiny_model_dir, ids, delay_ms=40)
+    futures, _held_then = _in_flight(server, tiny_model_dir, ids)
     result = {}
     pause = threading.Thread(target=lambda: result.update(
         _post(server.url, "/pause", mode="wait")))
@@ -214,9 +212,7 @@ def test_sleep_and_wake_up_with_families_frozen(server, tiny_model_dir, ids):
     ``/wake_up``: the families finish right, nothing is left. On CPU vLLM's
     worker ignores the level (no weights offloaded, it logs so): what a GPU
     frees and restores is not exercised here, the scheduler's side is."""
-    # (40 ms a step, as the abort test: with 20 a family finished before the
-    # fourth was parked in a clean-clone run on a busy machine, 2026-12-02)
-    futures, _held_then = _in_flight(server, tiny_model_dir, ids, delay_ms=40)
+    futures, _held_then = _in_flight(server, tiny_model_dir, ids)
     _post(server.url, "/sleep", level=1, mode="keep")  # fails if the caches cannot be cleared
     time.sleep(0.5)
     assert not any(f.done() for f in futures)
