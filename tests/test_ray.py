@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.support.ray_cluster import ray_installed
+from tests.support.ray_cluster import WORKER_NICENESS, ray_installed
 
 pytestmark = pytest.mark.skipif(
     not ray_installed(), reason="Ray is not installed (pip install -e '.[ray]')")
@@ -78,6 +78,13 @@ def test_ray_on_cpu_switch_api_is_present_and_checked(monkeypatch):
     assert any("_get_actor_resource_kwargs" in p for p in found)
     assert any("get_node_and_physical_gpu_ids" in p for p in found)
 
+
+
+#: Seconds a Ray-backed ``vllm serve`` may take to answer /health: four
+#: processes import vLLM one after another (API server, engine core, two
+#: Ray actors); with three other engines on this machine's two cores it took
+#: 155 s (the TP test, workers at nice 0), so twice the default's margin.
+_RAY_SERVER_TIMEOUT = 600
 
 
 def _serve_flags(engine_kwargs: dict) -> list[str]:
@@ -165,6 +172,8 @@ def test_tensor_parallel_ray_workers_on_one_node(monkeypatch):
     assert sum(tree.count("[merged") for _, tree in reference) >= 10  # children joined
     monkeypatch.setenv("SEQHOOKS_TEST_RAY_ON_CPU", "1")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    for name, value in WORKER_NICENESS.items():  # vLLM's ray.init() starts the raylet
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", f"{cpus[0]}|{cpus[1]}")
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(callable)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -175,12 +184,14 @@ def test_tensor_parallel_ray_workers_on_one_node(monkeypatch):
         flags = llm.collective_rpc(
             lambda self: type(self.model_runner.__dict__.get("_seqhooks_family_grouping")).__name__)
         workers = llm.collective_rpc(lambda self: type(self).__name__)
+        niceness = llm.collective_rpc(lambda self: os.nice(0))
     finally:
         llm.shutdown()
     assert got == reference
     assert all(task.check(p, text) for p, (text, _) in zip(task.heldout_problems(6), got))
     assert flags == ["FamilyGrouping"] * 2
     assert len(workers) == 2
+    assert niceness == [0, 0]  # not Ray's 15: starved beside the other lanes
 
 
 @pytest.mark.slow
@@ -203,7 +214,8 @@ def test_vllm_serve_tensor_parallel_across_two_ray_nodes(forkjoin_reference, tmp
     with LocalRayCluster(tmp_path / "cluster", [1, 1], node_env) as cluster:
         srv = start_server(model, "--seqhooks", "auto", "--distributed-executor-backend", "ray",
                            "--tensor-parallel-size", "2", *_serve_flags(task.ENGINE_KWARGS),
-                           log_path=tmp_path / "server.log", env=cluster.env())
+                           log_path=tmp_path / "server.log", env=cluster.env(),
+                           timeout=_RAY_SERVER_TIMEOUT)
         try:
             client = OpenAI(base_url=srv.url + "/v1", api_key="unused")
             tok = AutoTokenizer.from_pretrained(model)
@@ -252,7 +264,8 @@ def test_ray_data_parallel_across_two_nodes(forkjoin_reference, tmp_path):
         srv = start_server(model, "--seqhooks", "auto", "--data-parallel-size", "2",
                            "--data-parallel-backend", "ray", "--data-parallel-size-local", "1",
                            "--api-server-count", "1", *_serve_flags(task.ENGINE_KWARGS),
-                           log_path=tmp_path / "server.log", env=cluster.env())
+                           log_path=tmp_path / "server.log", env=cluster.env(),
+                           timeout=_RAY_SERVER_TIMEOUT)
         try:
             client = OpenAI(base_url=srv.url + "/v1", api_key="unused")
 
