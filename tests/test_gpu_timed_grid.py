@@ -2,8 +2,8 @@
 two GPU-timed ``vllm serve`` (stock, hooks) and an in-process ``LLM``, every
 configuration of the grid at 2 families, the page, its JSON and the chart
 written outside docs/. Counts only (tokens, steps), no timing: the A/A
-repeat writes the same tokens in the same steps as the run it repeats (give
-or take a step per family: when each request reaches the engine), native's
+repeat writes the same tokens in the same request-steps as the run it
+repeats (its engine steps depend on when each request reaches the engine), native's
 families (over HTTP and in-process) take fewer engine steps than the same
 traces written sequentially (their threads run side by side), every
 configuration returns the same number of tokens (the sequential text is the
@@ -46,9 +46,15 @@ def test_the_grid_smoke_runs_every_configuration(tmp_path):
     assert sorted(rows) == sorted((c, 2) for c in CONFIGS)
     seq, aa = rows["sequential", 2], rows["sequential-aa", 2]
     assert aa["output_tokens"] == seq["output_tokens"]
-    # (each request may reach the engine a step later or earlier than in
-    # the run repeated: seen 861 against 862 steps on a busy machine)
-    assert abs(aa["engine_steps"] - seq["engine_steps"]) <= 2
+    # The same work: each request is scheduled in as many steps as in the
+    # run it repeats. The engine's step count is not compared: it depends on
+    # when each request reaches the engine (861 against 862 seen on a busy
+    # machine, 870 against 865 with the suite's three lanes beside it), so
+    # only its bounds are: the families' requests overlap, at most all of
+    # them at once.
+    assert aa["request_steps"] == seq["request_steps"] > 0
+    for run in (seq, aa):
+        assert run["request_steps"] / 2 <= run["engine_steps"] <= run["request_steps"]
     # The same text everywhere: sequential writes the merged trace itself;
     # native's threads run side by side, in fewer steps.
     for config in ("loop", "native", "native-in-process"):
