@@ -1,0 +1,146 @@
+"""Where a command's CPU-seconds go, by kind of process (issue 51's
+measurements; docs/testing.md, "How long it takes").
+
+    .venv/bin/python -m tests.support.cpu_profile --out /tmp/profile.json -- bash scripts/test.sh
+
+runs the command and, once a second while it runs, reads every process's
+user + system time from ``/proc`` (the machine's, not only the command's
+descendants: whatever else runs is shown too). At the end it writes each
+process seen (command line, parent, CPU-seconds, first and last seen) to
+``--out`` and prints the CPU-seconds by kind (:func:`kind`). A process that
+lives less than a second may be missed, and the last second of each is not
+counted: the totals are a little low. Exits with the command's status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def read_processes() -> dict[str, dict]:
+    """``pid:start`` -> ``{"pid", "ppid", "cpu_s"}`` of every process now."""
+    now = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        now[f"{name}:{fields[19]}"] = {"pid": int(name), "ppid": int(fields[1]),
+                                       "cpu_s": (int(fields[11]) + int(fields[12])) / _TICK}
+    return now
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:400]
+
+
+class Sampler:
+    """Reads :func:`read_processes` every ``interval`` seconds in a thread."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self.processes: dict[str, dict] = {}
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, dict]:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return self.processes
+
+    def sample(self) -> None:
+        at = round(time.monotonic() - self._t0, 1)
+        for key, now in read_processes().items():
+            seen = self.processes.get(key)
+            if seen is None:
+                seen = self.processes[key] = {"pid": now["pid"], "ppid": now["ppid"],
+                                              "cmd": _cmdline(now["pid"]), "first_s": at}
+            seen["cpu_s"], seen["last_s"] = now["cpu_s"], at
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+
+def kind(cmd: str) -> str:
+    """What a process is, from its command line (a spawned process of
+    vLLM's: an EngineCore or a worker)."""
+    if "seqhooks-mode=" in cmd:
+        return "upstream scheduler tests (pytest)"
+    if "spawn_main" in cmd or "multiprocessing.spawn" in cmd:
+        return "spawned vLLM process (EngineCore, worker)"
+    if "vllm.model_executor.models.registry" in cmd:
+        return "vLLM model-class inspection"
+    if "tests.support.v2_runner" in cmd:
+        return "engine-mode process (tests.support.v2_runner)"
+    if " serve " in f"{cmd} " and "vllm" in cmd:
+        return "vllm serve (API server)"
+    if "-m pytest" in cmd:
+        return "pytest" + (" (vLLM 0.33 venv)" if "venv033" in cmd else "")
+    if "ray" in cmd.lower():
+        return "Ray"
+    if " pip " in f" {cmd} " or "-m pip" in cmd:
+        return "pip"
+    return "other"
+
+
+def by_kind(processes: dict[str, dict]) -> list[tuple[str, float, int]]:
+    """(kind, CPU-seconds, processes), most CPU first."""
+    totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for p in processes.values():
+        entry = totals[kind(p.get("cmd", ""))]
+        entry[0] += p.get("cpu_s", 0.0)
+        entry[1] += 1
+    return sorted(((k, round(s, 1), n) for k, (s, n) in totals.items()), key=lambda r: -r[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="JSON of every process seen")
+    ap.add_argument("--interval", type=float, default=1.0)
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS]")
+    args = ap.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("give the command after --")
+    sampler = Sampler(args.interval).start()
+    t0 = time.monotonic()
+    status = subprocess.call(command)
+    wall = time.monotonic() - t0
+    processes = sampler.stop()
+    args.out.write_text(json.dumps({"command": command, "wall_s": round(wall, 1),
+                                    "processes": processes}))
+    rows = by_kind(processes)
+    print(f"cpu_profile: {wall:.0f} s wall, {sum(r[1] for r in rows):.0f} CPU-seconds sampled"
+          f" ({os.cpu_count()} cores); by kind:", file=sys.stderr)
+    for name, cpu_s, count in rows:
+        print(f"  {cpu_s:8.1f} s  {count:5d} processes  {name}", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
