@@ -4,8 +4,8 @@ measurements; docs/testing.md, "How long it takes").
     .venv/bin/python -m tests.support.cpu_profile --out /tmp/profile.json -- bash scripts/test.sh
 
 runs the command and, once a second while it runs, reads every process's
-user + system time from ``/proc`` (the machine's, not only the command's
-descendants: whatever else runs is shown too). At the end it writes each
+user + system time (psutil's, from ``/proc``: the machine's processes, not
+only the command's descendants, so whatever else runs is shown too). At the end it writes each
 process seen (command line, parent, CPU-seconds, first and last seen) to
 ``--out`` and prints the CPU-seconds by kind (:func:`kind`). A process that
 lives less than a second may be missed, and the last second of each is not
@@ -20,56 +20,42 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-_TICK = os.sysconf("SC_CLK_TCK")
+import psutil
+
+from tests.support.resource_watch import PeriodicSampler
 
 
 def read_processes() -> dict[str, dict]:
-    """``pid:start`` -> ``{"pid", "ppid", "cpu_s"}`` of every process now."""
+    """``pid:start time`` -> ``{"pid", "ppid", "cpu_s"}`` of every process now."""
     now = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
+    for proc in psutil.process_iter(["pid", "ppid", "create_time", "cpu_times"]):
+        info = proc.info
+        if info["cpu_times"] is None:  # (not readable, or gone while listed)
             continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        now[f"{name}:{fields[19]}"] = {"pid": int(name), "ppid": int(fields[1]),
-                                       "cpu_s": (int(fields[11]) + int(fields[12])) / _TICK}
+        now[f"{info['pid']}:{info['create_time']}"] = {
+            "pid": info["pid"], "ppid": info["ppid"],
+            "cpu_s": info["cpu_times"].user + info["cpu_times"].system}
     return now
 
 
 def _cmdline(pid: int) -> str:
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())[:400]
+    except psutil.Error:
         return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:400]
 
 
-class Sampler:
-    """Reads :func:`read_processes` every ``interval`` seconds in a thread."""
+class Sampler(PeriodicSampler):
+    """Every process's CPU-seconds (:func:`read_processes`) every
+    ``interval`` seconds; ``processes``: each one seen, by ``pid:start time``."""
 
     def __init__(self, interval: float = 1.0) -> None:
-        self.interval = interval
+        super().__init__(interval, name="cpu-profile")
         self.processes: dict[str, dict] = {}
-        self._stop = threading.Event()
         self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> "Sampler":
-        self._thread.start()
-        return self
-
-    def stop(self) -> dict[str, dict]:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
-        return self.processes
 
     def sample(self) -> None:
         at = round(time.monotonic() - self._t0, 1)
@@ -79,11 +65,6 @@ class Sampler:
                 seen = self.processes[key] = {"pid": now["pid"], "ppid": now["ppid"],
                                               "cmd": _cmdline(now["pid"]), "first_s": at}
             seen["cpu_s"], seen["last_s"] = now["cpu_s"], at
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval)
 
 
 def kind(cmd: str) -> str:
@@ -131,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     status = subprocess.call(command)
     wall = time.monotonic() - t0
-    processes = sampler.stop()
+    sampler.stop()
+    processes = sampler.processes
     args.out.write_text(json.dumps({"command": command, "wall_s": round(wall, 1),
                                     "processes": processes}))
     rows = by_kind(processes)

@@ -38,18 +38,54 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-class TreeMemory:
+class PeriodicSampler:
+    """Calls :meth:`sample` every ``interval`` seconds in a thread from
+    :meth:`start` to :meth:`stop` (one last sample first), or as a context
+    manager."""
+
+    def __init__(self, interval: float, name: str) -> None:
+        self.interval = interval
+        self._name = name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> object:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def start(self):
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self.sample()
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class TreeMemory(PeriodicSampler):
     """Samples :func:`tree_rss` of ``pid`` every ``interval`` seconds from
     :meth:`start` to :meth:`stop` (or as a context manager); ``peak`` is the
     largest sample, ``samples`` their number."""
 
     def __init__(self, pid: int, interval: float = 0.2) -> None:
+        super().__init__(interval, name=f"tree-memory-{pid}")
         self.pid = pid
-        self.interval = interval
         self.peak = 0
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def sample(self) -> int:
         rss = tree_rss(self.pid)
@@ -57,31 +93,10 @@ class TreeMemory:
         self.samples += 1
         return rss
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval)
-
-    def start(self) -> "TreeMemory":
-        self._thread = threading.Thread(target=self._run, name=f"tree-memory-{self.pid}",
-                                        daemon=True)
-        self._thread.start()
-        return self
-
     def stop(self) -> int:
         """Stop sampling (one last sample first); returns the peak."""
-        if self._thread is not None:
-            self.sample()
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
+        super().stop()
         return self.peak
-
-    def __enter__(self) -> "TreeMemory":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def peak_gib(self) -> float:
