@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+
+import psutil
 
 from tests.support import cpu_profile
 
@@ -40,3 +43,28 @@ def test_processes_are_told_apart_by_their_command_lines():
     rows = cpu_profile.by_kind({"1:1": {"cmd": "a", "cpu_s": 1.0}, "2:1": {"cmd": "b", "cpu_s": 2.5},
                                 "3:1": {"cmd": "x -m pytest", "cpu_s": 0.5}})
     assert rows == [("other", 3.5, 2), ("pytest", 0.5, 1)]
+
+
+def test_a_process_that_execs_is_reported_under_its_last_command_line():
+    """A process first sampled between its fork and its exec has its parent's
+    command line; the report must show what it ran (the CI failure of stop 64:
+    the burner above was listed under cpu_profile's own command line)."""
+    script = ("import os, sys\nsys.stdin.readline()\n"
+              "os.execv(sys.executable, [sys.executable, '-c', 'import sys; sys.stdin.readline()', 'after-exec'])")
+    child = subprocess.Popen([sys.executable, "-c", script, "before-exec"], stdin=subprocess.PIPE, text=True)
+    try:
+        sampler = cpu_profile.Sampler()
+        sampler.sample()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).cmdline()[-1] != "after-exec":
+            assert time.monotonic() < deadline, "the child did not exec"
+            time.sleep(0.05)
+        sampler.sample()
+        seen = [p for p in sampler.processes.values() if p["pid"] == child.pid]
+        assert len(seen) == 1 and seen[0]["cmd"].endswith("after-exec"), seen
+    finally:
+        child.stdin.write("\n")
+        child.stdin.close()
+        child.wait(timeout=30)

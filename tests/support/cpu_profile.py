@@ -29,28 +29,25 @@ from tests.support.resource_watch import PeriodicSampler
 
 
 def read_processes() -> dict[str, dict]:
-    """``pid:start time`` -> ``{"pid", "ppid", "cpu_s"}`` of every process now."""
+    """``pid:start time`` -> ``{"pid", "ppid", "cmd", "cpu_s"}`` of every
+    process now (``cmd`` empty once it is a zombie)."""
     now = {}
-    for proc in psutil.process_iter(["pid", "ppid", "create_time", "cpu_times"]):
+    for proc in psutil.process_iter(["pid", "ppid", "create_time", "cpu_times", "cmdline"]):
         info = proc.info
         if info["cpu_times"] is None:  # (not readable, or gone while listed)
             continue
         now[f"{info['pid']}:{info['create_time']}"] = {
             "pid": info["pid"], "ppid": info["ppid"],
+            "cmd": " ".join(info["cmdline"] or ())[:400],
             "cpu_s": info["cpu_times"].user + info["cpu_times"].system}
     return now
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return " ".join(psutil.Process(pid).cmdline())[:400]
-    except psutil.Error:
-        return ""
-
-
 class Sampler(PeriodicSampler):
     """Every process's CPU-seconds (:func:`read_processes`) every
-    ``interval`` seconds; ``processes``: each one seen, by ``pid:start time``."""
+    ``interval`` seconds; ``processes``: each one seen, by ``pid:start time``,
+    with the last command line it had (a process first seen between its
+    fork and its exec still has its parent's)."""
 
     def __init__(self, interval: float = 1.0) -> None:
         super().__init__(interval, name="cpu-profile")
@@ -63,8 +60,9 @@ class Sampler(PeriodicSampler):
             seen = self.processes.get(key)
             if seen is None:
                 seen = self.processes[key] = {"pid": now["pid"], "ppid": now["ppid"],
-                                              "cmd": _cmdline(now["pid"]), "first_s": at}
+                                              "cmd": "", "first_s": at}
             seen["cpu_s"], seen["last_s"] = now["cpu_s"], at
+            seen["cmd"] = now["cmd"] or seen["cmd"]
 
 
 def kind(cmd: str) -> str:
