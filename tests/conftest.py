@@ -146,3 +146,11 @@ def pytest_terminal_summary(terminalreporter):
     out = os.environ.get("SEQHOOKS_TEST_TABLE")
     if out:
         Path(out).write_text(text)
+
+
+def pytest_sessionfinish(session):
+    """The engine-mode workers (:mod:`tests.support.mode_workers`) stop
+    with the session, not at the interpreter's exit after pytest's report."""
+    workers = sys.modules.get("tests.support.mode_workers")
+    if workers is not None:
+        workers.POOL.stop()

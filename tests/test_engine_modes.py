@@ -3,8 +3,9 @@ runner} x {sync, async scheduling}. V2 with async scheduling is vLLM's GPU
 default; on CPU it runs through Triton's interpreter
 (``tests.support.engine_modes``).
 
-Each mode runs :func:`oracles` once, in a fresh process with the engine in
-that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the scheduler's
+Each mode runs :func:`oracles` once, in the session's process of that mode
+(:mod:`tests.support.mode_workers`: started for it, or by an earlier file)
+with the engine in that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the scheduler's
 state can be inspected): merged text, exact continuation against a fresh
 request, the forked child against a fresh request, nesting, an abort while
 the parent is parked, every family finishing identically under KV pressure
@@ -13,7 +14,7 @@ the parent is parked, every family finishing identically under KV pressure
 The four processes run as many at once as there are cores, each on one OpenMP thread
 (``ModeProcesses``). The file takes more than 60 s (about 85 s on this
 2-core machine): each mode needs its own process (the runner is chosen
-before vLLM is imported) and three engines (the hooks, a KV cache too
+before vLLM is imported; the first file to ask for a mode starts it) and three engines (the hooks, a KV cache too
 small for the families, a tag format), and the two V2 modes, run through
 Triton's interpreter, take about a minute each."""
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.engine_modes import MODES, EngineMode, ModeProcesses
+from tests.support.engine_modes import IN_PROCESS, MODES, EngineMode, ModeProcesses
 
 pytestmark = pytest.mark.slow
 
@@ -236,7 +237,7 @@ def all_modes(tiny_model_dir):
     """Each mode's :func:`oracles`, in its own process (the runner is
     chosen before vLLM is imported), the modes' processes at once."""
     processes = ModeProcesses({m: (oracles, {"model": tiny_model_dir}) for m in MODES},
-                              env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+                              env=IN_PROCESS)
     yield processes
     processes.close()
 

@@ -194,11 +194,11 @@ def test_trained_model_with_ngram_speculative_decoding():
     without speculation. (In a fresh process: vLLM's ngram proposer imports numba,
     and vLLM 0.32's CPU kernel rebinding then fails for every later engine
     of the process, see docs/install.md.)"""
-    from tests.support.engine_modes import EngineMode, run_in_mode
+    from tests.support.engine_modes import IN_PROCESS, EngineMode, run_in_mode
 
     n = 60
     res = run_in_mode(EngineMode("v1", False), ngram_against_plain, kwargs={"n": n},
-                      env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+                      env=IN_PROCESS, fresh=True)
     plain, ngram = res["plain"], res["ngram"]
     assert ngram["drafts"] > 0, "no draft token was ever scheduled"
     assert ngram["joins"] > 0 and ngram["idle"]

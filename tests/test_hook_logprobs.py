@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from tests.support.engine_modes import MODES, ModeProcesses
+from tests.support.engine_modes import IN_PROCESS, MODES, ModeProcesses
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,9 @@ def families(request, tiny_model_dir):
     """(mode, case name) -> the family's run, of the runs this session
     selected: each mode's cases one engine after another in one process (an
     in-process engine starts in about a second, a process imports vLLM in
-    about 12), the modes' processes at once (``ModeProcesses``)."""
+    about 12; the session's process of each mode, shared with the other
+    files, :mod:`tests.support.mode_workers`), the modes' processes at once
+    (``ModeProcesses``)."""
     selected = {item.callspec.id for item in request.session.items
                 if item.originalname == "test_logprobs_with_hooks_are_the_models"}
     calls = {}
@@ -55,7 +57,8 @@ def families(request, tiny_model_dir):
             calls.setdefault(mode, {})[name] = dict(spec=spec, script=script, children=children)
     processes = ModeProcesses({
         mode: ("tests.support.logprob_families:run_many",
-               dict(model=tiny_model_dir, cases=cases)) for mode, cases in calls.items()})
+               dict(model=tiny_model_dir, cases=cases)) for mode, cases in calls.items()},
+        env=IN_PROCESS)
     yield lambda mode, name: processes.result(mode)[name]
     processes.close()
 

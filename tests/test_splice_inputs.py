@@ -12,7 +12,7 @@ import pytest
 
 from vllm_seqhooks.core.splice_inputs import SpliceInputs
 from tests.support import splice_oracle
-from tests.support.engine_modes import MODES, run_in_mode
+from tests.support.engine_modes import IN_PROCESS, MODES, run_in_mode
 
 
 def test_copy_kv_slots_moves_each_token_where_the_backend_keeps_it():
@@ -60,7 +60,7 @@ def test_positions_shift_as_the_scheduler_asks(mode, tiny_model_dir):
     shift = -7  # (never below position 0, as after a join)
     res = run_in_mode(mode, "tests.support.splice_probe:shifted_generation",
                       kwargs=dict(model=tiny_model_dir, prompts=prompts, max_tokens=12,
-                                  shift=shift))
+                                  shift=shift), env=IN_PROCESS)
     assert res["use_v2_model_runner"] == (mode.runner == "v2")
     assert res["async_scheduling"] == mode.async_scheduling
     assert res["kv_views_4d"] and res["copied"] and res["untouched"]

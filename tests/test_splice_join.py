@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import splice_families
-from tests.support.engine_modes import MODES, EngineMode, ModeProcesses
+from tests.support.engine_modes import IN_PROCESS, MODES, EngineMode, ModeProcesses
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,8 @@ def _run_kwargs(kwargs: dict, kv_bytes_per_token: int) -> dict:
 def runs(tiny_model_dir):
     """Name -> run, of :data:`RUNS`: each mode's runs one engine after
     another in one process (an in-process engine starts in about a second,
-    a process imports vLLM in about 12), the modes' processes at once."""
+    a process imports vLLM in about 12; the session's process of each mode,
+    :mod:`tests.support.mode_workers`), the modes' processes at once."""
     from benchmarks.common import kv_bytes_per_token
 
     per_token = kv_bytes_per_token(Path(tiny_model_dir), "float32")
@@ -70,7 +71,7 @@ def runs(tiny_model_dir):
     processes = ModeProcesses({mode: ("tests.support.splice_families:run_many", dict(
         model=tiny_model_dir, runs={name: _run_kwargs(kwargs, per_token)
                                     for name, (m, kwargs) in RUNS.items() if m == mode}))
-        for mode in modes})
+        for mode in modes}, env=IN_PROCESS)
     yield lambda name: processes.result(RUNS[name][0])[name]
     processes.close()
 

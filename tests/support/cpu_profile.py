@@ -74,7 +74,7 @@ def kind(cmd: str) -> str:
         return "spawned vLLM process (EngineCore, worker)"
     if "vllm.model_executor.models.registry" in cmd:
         return "vLLM model-class inspection"
-    if "tests.support.v2_runner" in cmd:
+    if "tests.support.v2_runner" in cmd or "tests.support.mode_workers" in cmd:
         return "engine-mode process (tests.support.v2_runner)"
     if " serve " in f"{cmd} " and "vllm" in cmd:
         return "vllm serve (API server)"

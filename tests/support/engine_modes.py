@@ -11,8 +11,9 @@ CPU too:
   right after that call, and vLLM then runs its async scheduler (``AsyncScheduler``, ours:
   ``SeqHooksAsyncScheduler``) and the batch queue end to end.
 
-:func:`run_in_mode` calls a function in a fresh process set up for one
-:class:`EngineMode` (the runner must be chosen before vLLM is imported);
+:func:`run_in_mode` calls a function in a process set up for one
+:class:`EngineMode` (the runner must be chosen before vLLM is imported),
+the session's long-lived one for that mode (:mod:`.mode_workers`);
 :class:`ModeProcesses` does it for several modes at once.
 """
 
@@ -24,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from tests.support import v2_runner
+from tests.support import mode_workers, v2_runner
 from tests.support.async_scheduling import ASYNC_ENV
 
 
@@ -55,6 +56,11 @@ class EngineMode:
         return env
 
 
+#: The environment of an engine in the calling process (what the functions
+#: run in each mode inspect): the same for every file, so that they share
+#: the session's process of each mode.
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
 #: vLLM's CPU default first, then the GPU defaults.
 MODES = (
     EngineMode("v1", False),
@@ -71,12 +77,22 @@ def run_in_mode(
     kwargs: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float = 900,
+    fresh: bool = False,
 ) -> Any:
-    """Call ``target(**kwargs)`` in a fresh process running ``mode`` and
-    return its JSON result (see :func:`.v2_runner.run_in_subprocess`)."""
-    child_env = mode.env()
+    """Call ``target(**kwargs)`` in a process running ``mode`` and return
+    its JSON result: the session's worker for that environment
+    (:mod:`.mode_workers`, which starts one the first time, from
+    ``os.environ`` as it was at collection), or with
+    ``fresh`` a process of its own (for a function that leaves the process
+    unusable for later engines). Raises as
+    :func:`.v2_runner.run_in_subprocess`."""
+    if fresh:
+        child_env = mode.env()
+        child_env.update(env or {})
+        return v2_runner.run_in_subprocess(target, env=child_env, kwargs=kwargs, timeout=timeout)
+    child_env = mode.env(mode_workers.session_environ())
     child_env.update(env or {})
-    return v2_runner.run_in_subprocess(target, env=child_env, kwargs=kwargs, timeout=timeout)
+    return mode_workers.call(target, env=child_env, kwargs=kwargs, timeout=timeout)
 
 
 class ModeProcesses:

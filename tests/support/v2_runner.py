@@ -180,7 +180,7 @@ class V2RunError(RuntimeError):
     tail of the process's output)."""
 
 
-def _target_spec(target: str | Callable[..., Any]) -> dict[str, str | None]:
+def target_spec(target: str | Callable[..., Any]) -> dict[str, str | None]:
     if isinstance(target, str):
         module, sep, qualname = target.partition(":")
         if not sep or not module or not qualname:
@@ -265,7 +265,7 @@ def run_in_subprocess(
     """Call ``target(**kwargs)`` in a fresh Python process with environment
     ``env`` (whole) and return its JSON result; see :func:`run_in_v2`."""
     child_env = dict(env)
-    request = {"target": _target_spec(target), "kwargs": dict(kwargs or {})}
+    request = {"target": target_spec(target), "kwargs": dict(kwargs or {})}
     if sys_path:
         extra = [os.fspath(p) for p in sys_path]
         child_env["PYTHONPATH"] = os.pathsep.join([child_env["PYTHONPATH"], *extra])
@@ -288,14 +288,21 @@ def run_in_subprocess(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             raise
-        result = json.loads(result_path.read_text()) if result_path.exists() else None
+        result = read_result(result_path)
     if result is None or not result.get("ok"):
         error = result["error"] if result else f"exit status {proc.returncode}"
         raise V2RunError(f"{error}\n--- output (tail) ---\n{output[-6000:]}")
     return result["result"]
 
 
-def _child_main(request_path: str, result_path: str) -> int:
+def read_result(path: Path) -> dict | None:
+    """What :func:`run_request` wrote (``None``: it wrote nothing)."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def run_request(request_path: str, result_path: str) -> int:
+    """In the process that runs it: the request's target called, its result
+    or traceback written to ``result_path``."""
     request = json.loads(Path(request_path).read_text())
     try:
         from tests.support.async_scheduling import apply_async_scheduling_from_env
@@ -311,7 +318,7 @@ def _child_main(request_path: str, result_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_child_main(*sys.argv[1:3]))
+    sys.exit(run_request(*sys.argv[1:3]))
 
 
 __all__ = [
