@@ -4,7 +4,7 @@ vllm_seqhooks.scripted.processor_v2).
 
 Unit tests drive the V2 processor with hand-built batch layouts (no engine,
 no Triton).  Engine tests run V2 in a subprocess through Triton's interpreter
-(``run_in_v2``); the functions ending in ``_case`` are what those processes
+(``run_in_v2``, or the session's V2 process, ``run_in_mode``); the functions ending in ``_case`` are what those processes
 run (module level, JSON in and out)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.support import v2_runner
+from tests.support.engine_modes import IN_PROCESS, EngineMode, run_in_mode
 from vllm_seqhooks.scripted.tiny_model import (
     EOS_ID,
     FIXED_TOKENS,
@@ -31,7 +32,6 @@ V1_RUNNER = "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
 V2_RUNNER = "vllm.v1.worker.cpu.model_runner.CPUModelRunner"
 V2_BASE_MODULE = "vllm.v1.worker.gpu.model_runner"  # GPUModelRunner of V2
 PROMPTS = ["Hello", "The quick brown fox", "1234"]
-IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 needs_triton = pytest.mark.skipif(
     not v2_runner.available(), reason=v2_runner.unavailable_reason() or ""
@@ -367,7 +367,9 @@ def v2_engines_case(model: str, prompts: list[str], max_tokens: int) -> dict:
 
 @pytest.fixture(scope="module")
 def v2_engines(tiny_model_dir) -> dict:
-    return v2_runner.run_in_v2(v2_engines_case, env=IN_PROCESS, kwargs=dict(
+    """The V2 engines, in the session's V2 (sync) process, which the other
+    engine-mode files share (:mod:`tests.support.mode_workers`)."""
+    return run_in_mode(EngineMode("v2", False), v2_engines_case, env=IN_PROCESS, kwargs=dict(
         model=tiny_model_dir, prompts=PROMPTS, max_tokens=12))
 
 
