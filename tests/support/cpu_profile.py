@@ -75,7 +75,7 @@ def kind(cmd: str) -> str:
     if "vllm.model_executor.models.registry" in cmd:
         return "vLLM model-class inspection"
     if "tests.support.v2_runner" in cmd or "tests.support.mode_workers" in cmd:
-        return "engine-mode process (tests.support.v2_runner)"
+        return "engine-mode process (tests.support.v2_runner, mode_workers)"
     if " serve " in f"{cmd} " and "vllm" in cmd:
         return "vllm serve (API server)"
     if "-m pytest" in cmd:

@@ -86,13 +86,10 @@ def run_in_mode(
     ``fresh`` a process of its own (for a function that leaves the process
     unusable for later engines). Raises as
     :func:`.v2_runner.run_in_subprocess`."""
-    if fresh:
-        child_env = mode.env()
-        child_env.update(env or {})
-        return v2_runner.run_in_subprocess(target, env=child_env, kwargs=kwargs, timeout=timeout)
-    child_env = mode.env(mode_workers.session_environ())
+    child_env = mode.env(None if fresh else mode_workers.session_environ())
     child_env.update(env or {})
-    return mode_workers.call(target, env=child_env, kwargs=kwargs, timeout=timeout)
+    run = v2_runner.run_in_subprocess if fresh else mode_workers.call
+    return run(target, env=child_env, kwargs=kwargs, timeout=timeout)
 
 
 class ModeProcesses:

@@ -25,9 +25,10 @@ collection) plus what the caller adds. Variables that change from test to
 test without changing the process (:data:`PER_CALL`: pytest's current
 test, which the start-up log reads; vLLM's CPU worker's identifier, which
 it sets itself) are not part of the environment a worker is chosen by; the
-current test's is set for the call. Each worker's output goes to a log file; a failure's message holds
-the part the call wrote. The workers are stopped at the end of the session
-(tests/conftest.py) or when the interpreter exits.
+current test's is set for the call. Each worker's output goes to a log
+file; a failure's message holds the part the call wrote. The workers are
+stopped at the end of the session (tests/conftest.py) or when the
+interpreter exits.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def session_environ() -> dict[str, str]:
     """The environment to start workers from: :data:`_SESSION_ENVIRON`
     with the current test's id (a copy)."""
     env = dict(_SESSION_ENVIRON)
-    env.update({k: os.environ[k] for k in ("PYTEST_CURRENT_TEST",) if k in os.environ})
+    if "PYTEST_CURRENT_TEST" in os.environ:
+        env["PYTEST_CURRENT_TEST"] = os.environ["PYTEST_CURRENT_TEST"]
     return env
 
 
@@ -80,7 +82,6 @@ class _Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", __name__], env=dict(env), stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._log, start_new_session=True)
-        self.calls = 0
 
     def run(self, request: dict, timeout: float) -> Any:
         """``request``'s JSON result; raises ``V2RunError`` (the function
@@ -95,7 +96,6 @@ class _Worker:
             except BrokenPipeError:
                 pass  # (ended: reported below, as for a death during the call)
             answer = self._wait_for_answer(timeout)
-            self.calls += 1
             result = read_result(result_path) if answer == "done" else None
         if answer == "timeout":
             raise subprocess.TimeoutExpired(self.proc.args, timeout)
@@ -148,9 +148,9 @@ class WorkerPool:
 
     def call(self, target: str | Callable[..., Any], *, env: Mapping[str, str],
              kwargs: Mapping[str, Any] | None = None, timeout: float = 900) -> Any:
-        current_test = {k: env[k] for k in ("PYTEST_CURRENT_TEST",) if k in env}
-        request = {"target": target_spec(target), "kwargs": dict(kwargs or {}),
-                   "env": current_test}
+        per_call = {"PYTEST_CURRENT_TEST": env["PYTEST_CURRENT_TEST"]} \
+            if "PYTEST_CURRENT_TEST" in env else {}
+        request = {"target": target_spec(target), "kwargs": dict(kwargs or {}), "env": per_call}
         worker = self._take(env)
         ok = False
         try:
