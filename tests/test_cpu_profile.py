@@ -4,6 +4,7 @@ process (docs/testing.md, "How long it takes")."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,7 +21,8 @@ def test_a_commands_processes_and_their_cpu_seconds_are_reported(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "tests.support.cpu_profile", "--out", str(out), "--interval", "0.2",
          "--", sys.executable, "-c", f"{BURN}raise SystemExit(3)"],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTEST_CURRENT_TEST": "tests/x.py::test_y (call)"})
     assert proc.returncode == 3, proc.stderr  # the command's own status
     data = json.loads(out.read_text())
     burners = [p for p in data["processes"].values()
@@ -28,6 +30,7 @@ def test_a_commands_processes_and_their_cpu_seconds_are_reported(tmp_path):
     assert len(burners) == 1
     # 1.5 CPU-seconds, less what the last interval before its exit missed
     assert 1.0 <= burners[0]["cpu_s"] <= 2.0
+    assert burners[0]["test"] == "tests/x.py::test_y (call)"  # the test it was started by
     assert data["wall_s"] >= 1.5
     assert "CPU-seconds sampled" in proc.stderr and " other" in proc.stderr
 

@@ -6,7 +6,8 @@ measurements; docs/testing.md, "How long it takes").
 runs the command and, once a second while it runs, reads every process's
 user + system time (psutil's, from ``/proc``: the machine's processes, not
 only the command's descendants, so whatever else runs is shown too). At the end it writes each
-process seen (command line, parent, CPU-seconds, first and last seen) to
+process seen (command line, parent, CPU-seconds, first and last seen, and
+the test that was running where it started: its ``PYTEST_CURRENT_TEST``) to
 ``--out`` and prints the CPU-seconds by kind (:func:`kind`). A process that
 lives less than a second may be missed, and the last second of each is not
 counted: the totals are a little low. Exits with the command's status.
@@ -43,6 +44,16 @@ def read_processes() -> dict[str, dict]:
     return now
 
 
+def current_test(pid: int) -> str:
+    """The ``PYTEST_CURRENT_TEST`` a process started with ('' if none, or
+    not readable): which test's work it is, for processes a test started
+    (pytest sets it in its own environment for each test)."""
+    try:
+        return psutil.Process(pid).environ().get("PYTEST_CURRENT_TEST", "")
+    except (psutil.Error, OSError):
+        return ""
+
+
 class Sampler(PeriodicSampler):
     """Every process's CPU-seconds (:func:`read_processes`) every
     ``interval`` seconds; ``processes``: each one seen, by ``pid:start time``,
@@ -60,7 +71,8 @@ class Sampler(PeriodicSampler):
             seen = self.processes.get(key)
             if seen is None:
                 seen = self.processes[key] = {"pid": now["pid"], "ppid": now["ppid"],
-                                              "cmd": "", "first_s": at}
+                                              "cmd": "", "first_s": at,
+                                              "test": current_test(now["pid"])}
             seen["cpu_s"], seen["last_s"] = now["cpu_s"], at
             seen["cmd"] = now["cmd"] or seen["cmd"]
 
