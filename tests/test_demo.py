@@ -129,3 +129,25 @@ def test_the_threadweaver_model_demo_answers_right(monkeypatch, capsys):
     assert "answer   : 12345678   (correct)" in out, out[-3000:]
     assert "1/1 correct" in out and "</Outlines>" in out
     assert "WRONG" not in out
+
+
+@pytest.mark.slow
+def test_the_scripted_demo_forks_and_joins(monkeypatch, capsys):
+    """``python -m vllm_seqhooks --scripted``'s ``main``, in this process
+    with an in-process engine: the random-weight model is built (into the
+    test's cache directory), the script forces the hook tokens, and every
+    demo request forks and joins. (The scripted model from the installed
+    wheel runs in the wheel's install check, tests/test_wheel.py.)"""
+    from tests.support.torch_threads import one_torch_thread
+    from vllm_seqhooks.__main__ import DEMOS, main
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")
+    with one_torch_thread():
+        code = main(["--scripted"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert out.count("prompt : ") == len(DEMOS), out[-3000:]
+    assert f"{len(DEMOS)} requests with fork/join" in out
+    assert "<sync>" in out and "join of" in out, out[-3000:]

@@ -44,10 +44,14 @@ class Measured:
     peak: int
 
 
-def run_measured(cmd: list[str], timeout: float, cwd: Path = ROOT, **env: str) -> Measured:
-    """Run ``cmd``, sampling its process tree's RSS; stdout and stderr apart."""
+def run_measured(cmd: list[str], timeout: float, cwd: Path = ROOT,
+                 environ: dict[str, str] | None = None, **env: str) -> Measured:
+    """Run ``cmd``, sampling its process tree's RSS; stdout and stderr apart.
+    Its environment: ``environ`` whole, or this one with the venv first on
+    PATH and ``env`` added."""
     clock = Stopwatch()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=venv_env(**env), stdout=subprocess.PIPE,
+    environ = venv_env(**env) if environ is None else environ
+    proc = subprocess.Popen(cmd, cwd=cwd, env=environ, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     with TreeMemory(proc.pid) as memory:
         try:
