@@ -12,9 +12,12 @@
 # Three lanes (SEQHOOKS_TEST_LANES, default 3), every process on one OpenMP
 # thread (two lanes of torch's thread per core spun against each other):
 # the first runs vLLM 0.32's scheduler suite, then the 0.32 tests but those
-# below; the second the vLLM 0.33 part, then AFTER_033_FILES on 0.32; the
-# third LANE3_032_FILES on 0.32 (Ray clusters, the wheel's installs, verl's
-# example, the GPU-timed grid's servers, the documented commands). The
+# below; the second the vLLM 0.33 part; the third LANE3_032_FILES on 0.32
+# (Ray clusters, the wheel's installs, verl's example, the GPU-timed grid's
+# servers, the documented commands); then whichever of the second and third
+# ends first runs SHARED_032_FILES on 0.32 (which one ends first differs by
+# host: on 2026-12-03 the third, 5 minutes before the second ended, which then
+# ran these 5 minutes alone). The
 # second and third lanes' output goes to .test-times/vllm033.log and
 # .test-times/lane3.log, printed when all are done. Measured on 2026-12-01 (docs/testing.md): two lanes left the CPU 17 %
 # idle, three with the first lane's files unmoved left it half idle for the
@@ -40,10 +43,13 @@ LANES=${SEQHOOKS_TEST_LANES:-3}
 [ "$#" -gt 0 ] && LANES=1
 # 0.32 files that run outside the first lane: with two lanes, LANE2_032_FILES
 # after the 0.33 part; with three, LANE3_032_FILES in the third lane and
-# AFTER_033_FILES after the 0.33 part (sizes from the per-file tables).
+# SHARED_032_FILES after the second or the third lane's own part, whichever
+# ends first (sizes from the per-file tables).
 LANE2_032_FILES=(tests/test_ray.py tests/test_wheel.py tests/test_verl.py tests/test_gpu_timed_grid.py)
 LANE3_032_FILES=("${LANE2_032_FILES[@]}" tests/test_docs_commands.py)
-AFTER_033_FILES=(tests/test_llm_entrypoint.py tests/test_benchmarks_smoke.py tests/test_serve_multi.py)
+SHARED_032_FILES=(tests/test_llm_entrypoint.py tests/test_benchmarks_smoke.py tests/test_serve_multi.py)
+# (claimed by the lane that creates this directory first: mkdir is atomic)
+SHARED_CLAIM=.test-times/shared-032-files.claimed
 mkdir -p .test-times
 # vLLM 0.33 (scripts/test_vllm033.sh, in .venv033: scripts/setup_vllm033.sh);
 # SEQHOOKS_NO_VLLM033=1 leaves it out (said, not silent).
@@ -67,11 +73,32 @@ lane_032_files() {
   SEQHOOKS_TEST_STARTUP_LOG=$SEQHOOKS_TEST_STARTUP_LOG SEQHOOKS_TEST_TABLE=.test-times/vllm032-$name.md \
     "$PY" -m pytest "$@" --durations=10
 }
-# The second lane: the 0.33 part, then the given 0.32 files.
+# SHARED_032_FILES, unless the other lane has claimed them (LANE_NAME).
+claim_shared_files() {
+  if mkdir "$SHARED_CLAIM" 2>/dev/null; then
+    echo "test.sh: the $1 lane runs ${SHARED_032_FILES[*]}"
+    lane_032_files shared "${SHARED_032_FILES[@]}"
+  else
+    echo "test.sh: ${SHARED_032_FILES[*]}: run by the other lane"
+  fi
+}
+# The second lane: the 0.33 part, then the given 0.32 files (two lanes) or
+# the shared ones (three).
 second_lane() {
   local lane_status=0
   run_vllm033 || lane_status=$?
-  lane_032_files lane2 "$@" || lane_status=$?
+  if [ "$#" -gt 0 ]; then
+    lane_032_files lane2 "$@" || lane_status=$?
+  else
+    claim_shared_files lane2 || lane_status=$?
+  fi
+  return "$lane_status"
+}
+# The third lane: LANE3_032_FILES, then the shared ones.
+third_lane() {
+  local lane_status=0
+  lane_032_files lane3 "${LANE3_032_FILES[@]}" || lane_status=$?
+  claim_shared_files lane3 || lane_status=$?
   return "$lane_status"
 }
 LANE_PIDS=()
@@ -82,12 +109,13 @@ if [ "${SEQHOOKS_NO_VLLM033:-}" = "1" ]; then
 elif [ "$LANES" = "2" ] || [ "$LANES" = "3" ]; then
   export OMP_NUM_THREADS=1
   if [ "$LANES" = "3" ]; then
-    echo "test.sh: a second lane runs the vLLM 0.33 part, then ${AFTER_033_FILES[*]} (.test-times/vllm033.log); a third ${LANE3_032_FILES[*]} (.test-times/lane3.log); both printed at the end" >&2
-    second_lane "${AFTER_033_FILES[@]}" > .test-times/vllm033.log 2>&1 &
+    echo "test.sh: a second lane runs the vLLM 0.33 part (.test-times/vllm033.log); a third ${LANE3_032_FILES[*]} (.test-times/lane3.log); the one that ends first then ${SHARED_032_FILES[*]}; both printed at the end" >&2
+    rm -rf "$SHARED_CLAIM"
+    second_lane > .test-times/vllm033.log 2>&1 &
     LANE_PIDS+=($!); LANE_LOGS+=(.test-times/vllm033.log)
-    lane_032_files lane3 "${LANE3_032_FILES[@]}" > .test-times/lane3.log 2>&1 &
+    third_lane > .test-times/lane3.log 2>&1 &
     LANE_PIDS+=($!); LANE_LOGS+=(.test-times/lane3.log)
-    OUTSIDE=("${LANE3_032_FILES[@]}" "${AFTER_033_FILES[@]}")
+    OUTSIDE=("${LANE3_032_FILES[@]}" "${SHARED_032_FILES[@]}")
   else
     echo "test.sh: a second lane runs the vLLM 0.33 part, then ${LANE2_032_FILES[*]} (output: .test-times/vllm033.log, printed at the end)" >&2
     second_lane "${LANE2_032_FILES[@]}" > .test-times/vllm033.log 2>&1 &
