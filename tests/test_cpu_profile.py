@@ -39,6 +39,7 @@ def test_processes_are_told_apart_by_their_command_lines():
     assert cpu_profile.kind(".venv/bin/python -m pytest -p seqhooks_conformance_plugin "
                             "--seqhooks-mode=hooks") == "upstream scheduler tests (pytest)"
     assert cpu_profile.kind(".venv033/bin/python -m pytest tests -m x") == "pytest (vLLM 0.33 venv)"
+    assert cpu_profile.kind("VLLM::EngineCore_DP1") == "spawned vLLM process (EngineCore, worker)"
     assert cpu_profile.kind("python -c from multiprocessing.spawn import spawn_main; "
                             "spawn_main(tracker_fd=5)").startswith("spawned vLLM process")
     assert cpu_profile.kind(".venv/bin/python .venv/bin/vllm serve /m --port 1") == \

@@ -82,7 +82,8 @@ def kind(cmd: str) -> str:
     vLLM's: an EngineCore or a worker)."""
     if "seqhooks-mode=" in cmd:
         return "upstream scheduler tests (pytest)"
-    if "spawn_main" in cmd or "multiprocessing.spawn" in cmd:
+    if cmd.startswith("VLLM::") or "spawn_main" in cmd or "multiprocessing.spawn" in cmd:
+        # (vLLM retitles the processes it spawns: VLLM::EngineCore, VLLM::Worker_TP0, ...)
         return "spawned vLLM process (EngineCore, worker)"
     if "vllm.model_executor.models.registry" in cmd:
         return "vLLM model-class inspection"
