@@ -20,6 +20,7 @@ a second each to start), shared by the two-node tests."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -33,30 +34,62 @@ from tests.support.ray_cluster import WORKER_NICENESS, ray_installed
 pytestmark = pytest.mark.skipif(
     not ray_installed(), reason="Ray is not installed (pip install -e '.[ray]')")
 
-_SWITCH_PROBE = """
-from vllm.plugins import load_general_plugins
-load_general_plugins()
-from vllm.platforms.cpu import CpuPlatform
-from vllm.v1.executor import ray_executor_v2 as rx
-print(repr(CpuPlatform.ray_device_key), rx.RayWorkerProc.__name__,
-      rx.RayExecutorV2._get_actor_resource_kwargs())
+#: Imports vLLM's CPU platform and Ray executor once, then, for each value
+#: of the switch (argv[1], JSON), forks a child that sets it, loads vLLM's
+#: plugins as a fresh vLLM process does and prints what the probe sees, one
+#: JSON line per value: {value: [exit status, line or traceback]}.
+_SWITCH_PROBES = """
+import json, os, sys, traceback
+import vllm.platforms.cpu, vllm.v1.executor.ray_executor_v2  # (once, before the forks)
+results = {}
+for value in json.loads(sys.argv[1]):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.environ.pop("SEQHOOKS_TEST_RAY_ON_CPU", None)
+        if value:
+            os.environ["SEQHOOKS_TEST_RAY_ON_CPU"] = value
+        try:
+            from vllm.plugins import load_general_plugins
+            load_general_plugins()
+            from vllm.platforms.cpu import CpuPlatform
+            from vllm.v1.executor import ray_executor_v2 as rx
+            out, code = " ".join([repr(CpuPlatform.ray_device_key), rx.RayWorkerProc.__name__,
+                                  repr(rx.RayExecutorV2._get_actor_resource_kwargs())]), 0
+        except BaseException:
+            out, code = traceback.format_exc(), 1
+        os.write(write, out.encode())
+        os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    results[value] = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), out]
+print(json.dumps(results))
 """
+_SWITCH_VALUES = ["", "1"]
 
 
-@pytest.mark.parametrize("value", ["", "1"])
-def test_the_switch_changes_nothing_unless_asked(value):
+@pytest.fixture(scope="module")
+def switch_probes() -> dict[str, list]:
+    """The probe with the switch unset and set, in forks of one process
+    that imported vLLM (one vLLM import, not two)."""
+    env = {k: v for k, v in os.environ.items() if k != "SEQHOOKS_TEST_RAY_ON_CPU"}
+    out = subprocess.run([sys.executable, "-c", _SWITCH_PROBES, json.dumps(_SWITCH_VALUES)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("value", _SWITCH_VALUES)
+def test_the_switch_changes_nothing_unless_asked(switch_probes, value):
     """Without ``SEQHOOKS_TEST_RAY_ON_CPU=1`` the tests' plugin (found by
     vLLM's own plugin loader on the ``PYTHONPATH`` conftest sets) leaves vLLM's CPU
     platform refusing Ray; with it, Ray CPUs are its devices, the worker
     actors take no resources beside their bundle's, and the executor starts
     the CPU worker class."""
-    env = {k: v for k, v in os.environ.items() if k != "SEQHOOKS_TEST_RAY_ON_CPU"}
-    if value:
-        env["SEQHOOKS_TEST_RAY_ON_CPU"] = value
-    out = subprocess.run([sys.executable, "-c", _SWITCH_PROBE], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    line = out.stdout.strip().splitlines()[-1]
+    code, line = switch_probes[value]
+    assert code == 0, line[-3000:]
     if value:
         assert line == "'CPU' CpuRayWorkerProc {'num_gpus': 0}"
     else:
