@@ -14,11 +14,11 @@
 # the first runs vLLM 0.32's scheduler suite, then the 0.32 tests but those
 # below; the second the vLLM 0.33 part; the third LANE3_032_FILES on 0.32
 # (Ray clusters, the wheel's installs, verl's example, the GPU-timed grid's
-# servers, the documented commands); then whichever of the second and third
-# ends first runs SHARED_032_FILES on 0.32 (which one ends first differs by
-# host: on 2026-12-03 the third, 5 minutes before the second ended, which then
-# ran these 5 minutes alone). The
-# second and third lanes' output goes to .test-times/vllm033.log and
+# servers, the documented commands). Then each lane takes the next unit of
+# SHARED_032_UNITS no other lane has taken, until none is left: a unit goes
+# to whichever lane is free first, which differs by host (2026-12-03: the
+# third lane ended 580 s before the second, which then ran the first unit
+# alone; on slower hosts Ray's start-ups made the third the last). The
 # .test-times/lane3.log, printed when all are done. Measured on 2026-12-01 (docs/testing.md): two lanes left the CPU 17 %
 # idle, three with the first lane's files unmoved left it half idle for the
 # last 9 minutes, while the first lane finished alone. SEQHOOKS_TEST_LANES=2
@@ -41,15 +41,18 @@ if [ -n "${SEQHOOKS_TEST_BACKGROUND_LOAD:-}" ]; then
 fi
 LANES=${SEQHOOKS_TEST_LANES:-3}
 [ "$#" -gt 0 ] && LANES=1
-# 0.32 files that run outside the first lane: with two lanes, LANE2_032_FILES
-# after the 0.33 part; with three, LANE3_032_FILES in the third lane and
-# SHARED_032_FILES after the second or the third lane's own part, whichever
-# ends first (sizes from the per-file tables).
+# 0.32 files that run outside the first lane's own pytest run: with two
+# lanes, LANE2_032_FILES after the 0.33 part; with three, LANE3_032_FILES in
+# the third lane and SHARED_032_UNITS (each a pytest run of its files, the
+# largest first; none uses the engine-mode workers, which a pytest session
+# starts for itself) in whichever lanes are free (sizes from the per-file
+# tables).
 LANE2_032_FILES=(tests/test_ray.py tests/test_wheel.py tests/test_verl.py tests/test_gpu_timed_grid.py)
 LANE3_032_FILES=("${LANE2_032_FILES[@]}" tests/test_docs_commands.py)
-SHARED_032_FILES=(tests/test_llm_entrypoint.py tests/test_benchmarks_smoke.py tests/test_serve_multi.py)
-# (claimed by the lane that creates this directory first: mkdir is atomic)
-SHARED_CLAIM=.test-times/shared-032-files.claimed
+SHARED_032_UNITS=("tests/test_llm_entrypoint.py tests/test_benchmarks_smoke.py tests/test_serve_multi.py"
+                  "tests/test_readme_snippets.py tests/test_spmd.py")
+# (unit I is taken by the lane that creates $SHARED_CLAIMS/I first: mkdir is atomic)
+SHARED_CLAIMS=.test-times/shared-032-claims
 mkdir -p .test-times
 # vLLM 0.33 (scripts/test_vllm033.sh, in .venv033: scripts/setup_vllm033.sh);
 # SEQHOOKS_NO_VLLM033=1 leaves it out (said, not silent).
@@ -68,40 +71,44 @@ run_vllm033() {
 lane_032_files() {
   local name=$1
   shift
-  SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm032-$name.log
+  local SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm032-$name.log
   : > "$SEQHOOKS_TEST_STARTUP_LOG"
   SEQHOOKS_TEST_STARTUP_LOG=$SEQHOOKS_TEST_STARTUP_LOG SEQHOOKS_TEST_TABLE=.test-times/vllm032-$name.md \
     "$PY" -m pytest "$@" --durations=10
 }
-# SHARED_032_FILES, unless the other lane has claimed them (LANE_NAME).
-claim_shared_files() {
-  if mkdir "$SHARED_CLAIM" 2>/dev/null; then
-    echo "test.sh: the $1 lane runs ${SHARED_032_FILES[*]}"
-    lane_032_files shared "${SHARED_032_FILES[@]}"
-  else
-    echo "test.sh: ${SHARED_032_FILES[*]}: run by the other lane"
-  fi
+# Each unit of SHARED_032_UNITS no other lane has taken (LANE_NAME).
+shared_units() {
+  local lane_status=0 i
+  for i in "${!SHARED_032_UNITS[@]}"; do
+    if mkdir "$SHARED_CLAIMS/$i" 2>/dev/null; then
+      echo "test.sh: the $1 lane runs ${SHARED_032_UNITS[$i]}"
+      # shellcheck disable=SC2086  # (the unit's files, split at spaces)
+      lane_032_files "shared$i" ${SHARED_032_UNITS[$i]} || lane_status=$?
+    fi
+  done
+  return "$lane_status"
 }
 # The second lane: the 0.33 part, then the given 0.32 files (two lanes) or
-# the shared ones (three).
+# the shared units (three).
 second_lane() {
   local lane_status=0
   run_vllm033 || lane_status=$?
   if [ "$#" -gt 0 ]; then
     lane_032_files lane2 "$@" || lane_status=$?
   else
-    claim_shared_files lane2 || lane_status=$?
+    shared_units lane2 || lane_status=$?
   fi
   return "$lane_status"
 }
-# The third lane: LANE3_032_FILES, then the shared ones.
+# The third lane: LANE3_032_FILES, then the shared units.
 third_lane() {
   local lane_status=0
   lane_032_files lane3 "${LANE3_032_FILES[@]}" || lane_status=$?
-  claim_shared_files lane3 || lane_status=$?
+  shared_units lane3 || lane_status=$?
   return "$lane_status"
 }
 LANE_PIDS=()
+SHARE_UNITS=
 LANE_LOGS=()
 LANE1_IGNORES=()
 if [ "${SEQHOOKS_NO_VLLM033:-}" = "1" ]; then
@@ -109,13 +116,16 @@ if [ "${SEQHOOKS_NO_VLLM033:-}" = "1" ]; then
 elif [ "$LANES" = "2" ] || [ "$LANES" = "3" ]; then
   export OMP_NUM_THREADS=1
   if [ "$LANES" = "3" ]; then
-    echo "test.sh: a second lane runs the vLLM 0.33 part (.test-times/vllm033.log); a third ${LANE3_032_FILES[*]} (.test-times/lane3.log); the one that ends first then ${SHARED_032_FILES[*]}; both printed at the end" >&2
-    rm -rf "$SHARED_CLAIM"
+    echo "test.sh: a second lane runs the vLLM 0.33 part (.test-times/vllm033.log); a third ${LANE3_032_FILES[*]} (.test-times/lane3.log); then each lane the shared units no other has taken: ${SHARED_032_UNITS[*]}; the lanes' output printed at the end" >&2
+    rm -rf "$SHARED_CLAIMS"
+    mkdir -p "$SHARED_CLAIMS"
+    SHARE_UNITS=1
     second_lane > .test-times/vllm033.log 2>&1 &
     LANE_PIDS+=($!); LANE_LOGS+=(.test-times/vllm033.log)
     third_lane > .test-times/lane3.log 2>&1 &
     LANE_PIDS+=($!); LANE_LOGS+=(.test-times/lane3.log)
-    OUTSIDE=("${LANE3_032_FILES[@]}" "${SHARED_032_FILES[@]}")
+    # shellcheck disable=SC2206  # (the units' files, split at spaces)
+    OUTSIDE=("${LANE3_032_FILES[@]}" ${SHARED_032_UNITS[*]})
   else
     echo "test.sh: a second lane runs the vLLM 0.33 part, then ${LANE2_032_FILES[*]} (output: .test-times/vllm033.log, printed at the end)" >&2
     second_lane "${LANE2_032_FILES[@]}" > .test-times/vllm033.log 2>&1 &
@@ -133,6 +143,9 @@ PYTHON="$PY" bash scripts/upstream_conformance.sh || status=$?
 export SEQHOOKS_TEST_STARTUP_LOG=$PWD/.test-times/startups-vllm032.log
 : > "$SEQHOOKS_TEST_STARTUP_LOG"
 SEQHOOKS_TEST_TABLE=.test-times/vllm032.md "$PY" -m pytest tests "${LANE1_IGNORES[@]}" --durations=30 "$@" || status=$?
+if [ -n "${SHARE_UNITS:-}" ]; then
+  shared_units "first" || status=$?
+fi
 if [ "${#LANE_PIDS[@]}" -gt 0 ]; then
   for i in "${!LANE_PIDS[@]}"; do
     wait "${LANE_PIDS[$i]}" || status=$?
