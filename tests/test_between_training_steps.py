@@ -30,8 +30,12 @@ SCRIPT = "ab<promise>xy</promise><promise>zw</promise>c<sync>done"
 CHILDREN = {"0": "AAA", "1": "BBBB"}
 EXPECTED = "ab<promise>xy</promise><promise>zw</promise>c<sync>AAA\nBBBBdone"
 #: The children's scripts of a slow family: long enough to keep the parents
-#: parked for seconds.
-SLOW_CHILDREN = {"0": "A" * 40, "1": "B" * 40}
+#: parked for seconds, also while a busy machine's API server hands the
+#: other families to the engine many steps later (200 steps of 40 ms, about
+#: 8 s; 40 steps were not enough in a clean-clone run of 2026-12-03, where
+#: the vLLM 0.33 part shared the machine with test_serve_multi's deployments:
+#: a family finished before the fourth was parked).
+SLOW_CHILDREN = {"0": "A" * 200, "1": "B" * 200}
 HELD = ("vllm:seqhooks_parked_requests", "vllm:seqhooks_open_children",
         "vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting")
 
@@ -85,7 +89,7 @@ def script_args(ids, children, delay_ms=0) -> dict:
 
 
 def _body(model, ids, children, delay_ms=0):
-    return {"model": model, "prompt": "hello", "max_tokens": 100, "temperature": 0,
+    return {"model": model, "prompt": "hello", "max_tokens": 500, "temperature": 0,
             "vllm_xargs": script_args(ids, children, delay_ms)}
 
 
