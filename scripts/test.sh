@@ -19,7 +19,9 @@
 # to whichever lane is free first, which differs by host (2026-12-03: the
 # third lane ended 580 s before the second, which then ran the first unit
 # alone; on slower hosts Ray's start-ups made the third the last). The
-# .test-times/lane3.log, printed when all are done. Measured on 2026-12-01 (docs/testing.md): two lanes left the CPU 17 %
+# second and third lanes' output goes to .test-times/vllm033.log and
+# .test-times/lane3.log, printed when all are done. Measured on 2026-12-01
+# (docs/testing.md): two lanes left the CPU 17 %
 # idle, three with the first lane's files unmoved left it half idle for the
 # last 9 minutes, while the first lane finished alone. SEQHOOKS_TEST_LANES=2
 # runs the 0.33 part, then LANE2_032_FILES, beside the rest; =1 runs
@@ -76,7 +78,8 @@ lane_032_files() {
   SEQHOOKS_TEST_STARTUP_LOG=$SEQHOOKS_TEST_STARTUP_LOG SEQHOOKS_TEST_TABLE=.test-times/vllm032-$name.md \
     "$PY" -m pytest "$@" --durations=10
 }
-# Each unit of SHARED_032_UNITS no other lane has taken (LANE_NAME).
+# Each unit of SHARED_032_UNITS no other lane has taken (the lane's name:
+# first, second or third).
 shared_units() {
   local lane_status=0 i
   for i in "${!SHARED_032_UNITS[@]}"; do
@@ -96,7 +99,7 @@ second_lane() {
   if [ "$#" -gt 0 ]; then
     lane_032_files lane2 "$@" || lane_status=$?
   else
-    shared_units lane2 || lane_status=$?
+    shared_units second || lane_status=$?
   fi
   return "$lane_status"
 }
@@ -104,13 +107,13 @@ second_lane() {
 third_lane() {
   local lane_status=0
   lane_032_files lane3 "${LANE3_032_FILES[@]}" || lane_status=$?
-  shared_units lane3 || lane_status=$?
+  shared_units third || lane_status=$?
   return "$lane_status"
 }
 LANE_PIDS=()
-SHARE_UNITS=
 LANE_LOGS=()
 LANE1_IGNORES=()
+SHARE_UNITS=  # (three lanes: the first lane takes shared units too)
 if [ "${SEQHOOKS_NO_VLLM033:-}" = "1" ]; then
   echo "test.sh: SEQHOOKS_NO_VLLM033=1: the vLLM 0.33 tests were NOT run" >&2
 elif [ "$LANES" = "2" ] || [ "$LANES" = "3" ]; then

@@ -47,8 +47,7 @@ for value in json.loads(sys.argv[1]):
     pid = os.fork()
     if pid == 0:
         os.close(read)
-        os.environ.pop("SEQHOOKS_TEST_RAY_ON_CPU", None)
-        if value:
+        if value:  # (the driver starts without it)
             os.environ["SEQHOOKS_TEST_RAY_ON_CPU"] = value
         try:
             from vllm.plugins import load_general_plugins
