@@ -4,6 +4,11 @@ client loop, both through verl's agent-loop machinery.
     python -m benchmarks.verl_rollout --out docs/benchmarks    # default size (verl_rollout.md)
     python -m benchmarks.verl_rollout --smoke                  # under a minute
 
+``--override KEY=VALUE`` (repeatable) sets a dotted key of verl's trainer
+config for both servers after the benchmark's own settings (the value read
+as YAML), e.g. ``actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=64``;
+the results record them.
+
 Needs verl (docs/rl.md, "verl"); from the checkout's venv, where
 ``scripts/setup.sh`` puts it in ``.verl`` (outside the venv), prefix
 ``PYTHONPATH=.verl``.
@@ -70,7 +75,7 @@ def _round_stats(batch: Any, problems: list[Any], tok: Any, seconds: float,
             "tokens_per_s": sampled / seconds, "samples": len(batch), "correct": int(correct)}
 
 
-async def _run(size: dict[str, Any], log) -> dict[str, Any]:
+async def _run(size: dict[str, Any], overrides: dict[str, Any], log) -> dict[str, Any]:
     from vllm_seqhooks.integrations.verl import AGENT_NAME, local
 
     from benchmarks.verl_client_loop import CLIENT_LOOP_AGENT  # (registers it)
@@ -79,8 +84,8 @@ async def _run(size: dict[str, Any], log) -> dict[str, Any]:
     problems = task.heldout_problems(size["prompts"])
     settings = dict(rollout_n=size["n"], temperature=TEMPERATURE, calculate_log_probs=False,
                     response_length=192)
-    stock_cfg = local.trainer_config(model, None, **settings)
-    hooks_cfg = local.trainer_config(model, "auto", **settings)
+    stock_cfg = local.trainer_config(model, None, overrides=overrides, **settings)
+    hooks_cfg = local.trainer_config(model, "auto", overrides=overrides, **settings)
     log("starting verl's server without hooks, then with")
     stock = await local.start_server(stock_cfg)
     hooks = await local.start_server(hooks_cfg)
@@ -166,9 +171,22 @@ def _report(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _override(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> (KEY, VALUE read as YAML)."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, yaml.safe_load(value)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--override", type=_override, action="append", default=[],
+                    metavar="KEY=VALUE",
+                    help="a dotted key of verl's trainer config, for both servers (repeatable)")
     ap.add_argument("--out", type=Path, default=None,
                     help="directory for verl_rollout.{json,md} (default: print only; "
                          "the published page changes only with --out docs/benchmarks)")
@@ -181,12 +199,13 @@ def main(argv: list[str] | None = None) -> None:
     command = ["python -m benchmarks.verl_rollout", *(argv if argv is not None else [])]
     env = environment(argv)
     env.update(command=" ".join(command), git_commit=git_commit(["vllm_seqhooks", "benchmarks"]))
-    rounds = asyncio.run(_run(size, lambda m: print(m, flush=True)))
+    overrides = dict(args.override)
+    rounds = asyncio.run(_run(size, overrides, lambda m: print(m, flush=True)))
     ratios = {name: spread([a["tokens_per_s"] / b["tokens_per_s"]
                             for a, b in zip(rounds[num], rounds[den])])
               for name, (num, den) in PAIRS.items()}
-    results = {"size": size, "environment": env, "verl": verl.__version__, "rounds": rounds,
-               "ratios": ratios}
+    results = {"size": size, "overrides": overrides, "environment": env,
+               "verl": verl.__version__, "rounds": rounds, "ratios": ratios}
     publish(args.out, "verl_rollout", results, _report(results))
 
 

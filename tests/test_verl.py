@@ -20,8 +20,9 @@ test's can be: the oracle's stock server, the hook servers of the "ids" and
 the "text" boundaries (an engine setting), the GRPO example's in its own
 process and the rollout benchmark's two in its own, each a multiprocess
 engine (verl's server) of about 12 s to start and 5 s to stop; the three
-in this process run their workers in their EngineCore processes
-(``VERL_WORKER_IN_ENGINE_PROCESS``), the scripts' as pasted. The two
+in this process and the benchmark's run their workers in their EngineCore
+processes (``VERL_WORKER_IN_ENGINE_PROCESS``; the benchmark through its
+``--override``), the example's as pasted. The two
 scripts run ahead (``scripts_ahead``), beside the in-process tests, every
 engine process on one OpenMP thread (``verl_env``)."""
 
@@ -321,12 +322,19 @@ def _benchmark_smoke() -> None:
     root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="verl-rollout-smoke-") as out:
         tmp_path = Path(out)
+        # (its two servers' workers in their EngineCore processes, as the
+        # in-process tests' servers: what is checked is what the benchmark
+        # counts; the example above runs vLLM's CPU default, as pasted)
+        overrides = [f"--override={key}={value}"
+                     for key, value in VERL_WORKER_IN_ENGINE_PROCESS.items()]
         proc = subprocess.run([sys.executable, "-m", "benchmarks.verl_rollout", "--smoke",
-                               "--out", str(tmp_path)], cwd=root, capture_output=True,
-                              text=True, timeout=600, env=_script_env())
+                               *overrides, "--out", str(tmp_path)], cwd=root,
+                              capture_output=True, text=True, timeout=600,
+                              env={**_script_env(), **WORKER_IN_ENGINE_PROCESS})
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
         results = json.loads((tmp_path / "verl_rollout.json").read_text())
         report = (tmp_path / "verl_rollout.md").read_text()
+    assert results["overrides"] == VERL_WORKER_IN_ENGINE_PROCESS
     rounds = results["rounds"]
     assert set(rounds) == {"loop", "loop_b", "native"}
     for config, rs in rounds.items():
