@@ -101,9 +101,9 @@ else
 fi
 
 # verl lived in the venv before (installed --no-deps, against its pins); it
-# now lives in the side directory above (installed first, so that the verl
-# tests of a checkout being re-set-up keep finding it): take it and what came
-# with it out of the venv.
+# now lives in the side directory above (its install started first, and
+# waited for before the check, so that the verl tests of a checkout being
+# re-set-up keep finding it): take it and what came with it out of the venv.
 if "${PIP[@]}" show verl >/dev/null 2>&1; then
   VERL_DISTS=$(sed -e 's/#.*//' -e 's/[=<>!~; ].*//' requirements/verl.txt | grep -v '^$')
   log "removing verl and its extras from the venv (now in the verl side directory): $(echo $VERL_DISTS)"

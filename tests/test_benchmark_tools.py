@@ -25,3 +25,18 @@ def test_every_configuration_runs_first_equally_often():
     assert all(sorted(o) == configs for o in orders)
     firsts = [o[0] for o in orders]
     assert all(firsts.count(c) == 2 for c in configs)
+
+
+def test_verl_rollout_overrides_read_their_values_as_yaml_and_reject_a_bare_key():
+    import pytest
+
+    from benchmarks import verl_rollout
+
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+    assert verl_rollout._override(f"{key}.max_num_seqs=64") == (f"{key}.max_num_seqs", 64)
+    assert verl_rollout._override(f"{key}.distributed_executor_backend=uni") == (
+        f"{key}.distributed_executor_backend", "uni")
+    for bad in ("no_value", "=64"):
+        with pytest.raises(SystemExit) as exit_:  # (argparse's usage error, before verl)
+            verl_rollout.main(["--override", bad])
+        assert exit_.value.code == 2
