@@ -132,7 +132,7 @@ def test_compare_reports_regressions_and_a_missing_substitution():
 
 
 def test_vllms_run_of_the_failures_only_finds_the_same_regressions():
-    """``--stock failed`` (the default): vLLM's schedulers run only the tests
+    """``--stock failed``: vLLM's schedulers run only the tests
     the hooks run did not pass; a test ours passes is no regression whatever
     vLLM's do, so the regressions are those of a run of every test."""
     driver = _load("conformance_compare")
@@ -189,3 +189,68 @@ def test_sdist_lookup_reads_a_simple_index_page(tmp_path):
     (other / "index.html").write_text('<a href="vllm-0.31.0.tar.gz">vllm-0.31.0.tar.gz</a>')
     with pytest.raises(sdist.DownloadError, match="does not list"):
         sdist.find_sdist((tmp_path / "other").as_uri(), None, driver.SDIST_NAME)
+
+
+def _failed(schedulers: dict[str, int] | None, **entry) -> dict:
+    return {"outcome": "failed", "message": "ValueError: no model here",
+            **({"schedulers": schedulers} if schedulers is not None else {}), **entry}
+
+
+def test_vllms_run_leaves_out_only_failures_that_never_met_the_substitution():
+    """``--stock reached`` (the default): of the tests ours did not pass,
+    vLLM's schedulers run those that built a scheduler (ours or vLLM's), failed
+    through a frame of vllm_seqhooks, or say neither; a failure before any
+    scheduler with none of our frames is left out, listed by its reason, and
+    is not taken for a test vLLM's run forgot."""
+    driver = _load("conformance_compare")
+    hooks = _report({"t::a": "passed"}, hooks=2, stock=0, mode="hooks")
+    hooks["tests"].update({
+        "t::built": _failed({"hooks": 1, "stock": 0}, our_frames=False),
+        "t::built_stock": _failed({"hooks": 0, "stock": 1}, our_frames=False),
+        "t::ours": _failed({"hooks": 0, "stock": 0}, our_frames=True),
+        "t::unknown": _failed({"hooks": 0, "stock": 0}),
+        "t::no_count": _failed(None, our_frames=False),
+        "t::before": _failed({"hooks": 0, "stock": 0}, our_frames=False),
+    })
+    hooks["collection_errors"] = {"u.py::": "ImportError"}
+    run, left_out = driver.for_vllms_run(hooks, "reached")
+    assert run == ["t::built", "t::built_stock", "t::no_count", "t::ours", "t::unknown", "u.py"]
+    assert left_out == ["t::before"]
+    assert driver.for_vllms_run(hooks, "failed") == (driver.not_passed(hooks), [])
+
+    hooks["collection_errors"] = {}
+    stock = _report({t: "failed" for t in run if "::" in t}, hooks=0, stock=3, mode="stock")
+    stock["scope"], stock["left_out"] = "reached", left_out
+    cmp = driver.compare(stock, hooks)
+    assert cmp["problems"] == [] and cmp["regressions"] == []
+    assert cmp["failed_before_a_scheduler"] == {"ValueError: no model here": ["t::before"]}
+    # Without the list, the left-out test is one vLLM's run did not run.
+    del stock["left_out"]
+    assert any("did not run 1 of the tests" in p for p in driver.compare(stock, hooks)["problems"])
+
+
+def test_a_failure_through_vllm_seqhooks_is_told_from_one_that_is_not():
+    """The plugin's ``our_frames``: a frame of the vllm_seqhooks package in
+    the exception, its cause or its context."""
+    from vllm_seqhooks.config.presets import coerce_special_kwargs
+
+    plugin = _load("seqhooks_conformance_plugin")
+
+    def caught(fn):
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001
+            return exc
+        raise AssertionError("did not raise")
+
+    ours = caught(lambda: coerce_special_kwargs(42))
+    assert plugin._our_frames(ours)
+    assert not plugin._our_frames(caught(lambda: int("x")))
+
+    def wrapped():
+        try:
+            coerce_special_kwargs(42)
+        except Exception as exc:
+            raise RuntimeError("config failed") from exc
+
+    assert plugin._our_frames(caught(wrapped))

@@ -49,3 +49,11 @@ def test_every_end_to_end_test_the_033_part_lists_exists():
         assert (ROOT / path).is_file(), entry
         if test:
             assert f"def {test.split('[', 1)[0]}(" in (ROOT / path).read_text(), entry
+
+
+def test_the_tools_left_to_one_release_exist_and_say_why():
+    from tests.support.version_scope import TOOLS_CHECKED_ON_ONE_RELEASE
+
+    for path, reason in TOOLS_CHECKED_ON_ONE_RELEASE.items():
+        assert (ROOT / path).is_file() and reason, path
+        assert is_vllm_independent(ROOT / path), path

@@ -57,10 +57,38 @@ def not_passed(hooks: dict) -> list[str]:
                   | {t.split("::")[0] for t in hooks.get("collection_errors", {})})
 
 
+def reached_a_scheduler(entry: dict) -> bool:
+    """Whether a test of the hooks run built a scheduler (ours or vLLM's:
+    the count starts in ``Scheduler.__init__``, before anything can fail) or
+    failed through a frame of ``vllm_seqhooks`` (``our_frames``; an entry
+    without either key, whose test did not get that far, counts as having
+    reached one). A failure that did neither never met the substitution, the
+    one thing the two runs differ in: vLLM's schedulers cannot change its
+    outcome."""
+    if "schedulers" not in entry or "our_frames" not in entry:
+        return True
+    built = entry["schedulers"] or {}
+    return bool(built.get("hooks") or built.get("stock") or entry["our_frames"])
+
+
+def for_vllms_run(hooks: dict, scope: str) -> tuple[list[str], list[str]]:
+    """The tests and files vLLM's schedulers must run after the hooks run,
+    and those they need not: with ``scope`` ``"failed"`` every one
+    :func:`not_passed`; with ``"reached"`` those that :func:`reached_a_scheduler`
+    and the files not collected, the others left out (second list)."""
+    wanted = not_passed(hooks)
+    if scope == "failed":
+        return wanted, []
+    tests = hooks["tests"]
+    left_out = [t for t in wanted if t in tests and not reached_a_scheduler(tests[t])]
+    return [t for t in wanted if t not in left_out], left_out
+
+
 def compare(stock: dict, hooks: dict) -> dict[str, Any]:
     """``stock``: vLLM's run of every test (``"scope": "all"``, the default)
-    or of :func:`not_passed` of ``hooks`` only (``"scope": "not passed by
-    the hooks run"``)."""
+    or of :func:`for_vllms_run` of ``hooks`` only (``"scope"`` says which;
+    ``"left_out"`` lists the failures it need not run, grouped by reason in
+    ``failed_before_a_scheduler``)."""
     st, hk = stock["tests"], hooks["tests"]
     every_test = stock.get("scope", "all") == "all"
     stock_pass = {t for t, e in st.items() if e.get("outcome") == "passed"}
@@ -101,7 +129,8 @@ def compare(stock: dict, hooks: dict) -> dict[str, Any]:
         problems.append("no upstream test passed with the stock scheduler")
     if not every_test and not any(e.get("outcome") == "passed" for e in hk.values()):
         problems.append("no upstream test passed with the hook scheduler")
-    unrun = [t for t in not_passed(hooks) if "::" in t and t not in st]
+    left_out = set(stock.get("left_out", ()))
+    unrun = [t for t in not_passed(hooks) if "::" in t and t not in st and t not in left_out]
     if not every_test and unrun:
         problems.append(f"vLLM's run did not run {len(unrun)} of the tests ours did not "
                         f"pass (e.g. {unrun[0]}): nothing says they pass there")
@@ -121,8 +150,12 @@ def compare(stock: dict, hooks: dict) -> dict[str, Any]:
     if hook_samples:
         problems.append(f"{len(hook_samples)} test(s) sampled a hook token id; pick "
                         "other ids in seqhooks_conformance_plugin.HOOK_TOKEN_IDS")
+    before_a_scheduler: dict[str, list[str]] = {}
+    for t in sorted(left_out):
+        before_a_scheduler.setdefault(_reason(hk.get(t, {}).get("message")), []).append(t)
     return {
         "regressions": regressions,
+        "failed_before_a_scheduler": before_a_scheduler,
         "pass_only_with_hooks": only_hooks_pass,
         "fail_in_both": both_fail,
         "not_substituted": not_substituted,

@@ -17,9 +17,10 @@ its sdist, sha256 and test selection.
 2. Extracts ``tests/`` (and ``pyproject.toml``, for pytest's settings) next to
    it and writes an offline Hugging Face cache holding only the ``config.json``
    files the selected tests need (tests/upstream/hf_configs/).
-3. Runs the selected upstream tests twice with pytest and
-   ``seqhooks_conformance_plugin``: with vLLM's schedulers, then with ours
-   substituted for ``Scheduler`` and ``AsyncScheduler``.
+3. Runs the selected upstream tests with pytest and
+   ``seqhooks_conformance_plugin``: with ours substituted for ``Scheduler``
+   and ``AsyncScheduler``, then with vLLM's the tests ours did not pass that
+   reached a scheduler (``--stock``: ``reached``, ``failed`` or ``all``).
 4. Compares: every test that passes with the stock schedulers must pass with
    ours; the hooks run must really have built our schedulers and must never
    have sampled a hook token. Prints both pass counts and the tests that pass
@@ -52,7 +53,7 @@ from conformance_compare import (  # noqa: E402
     _fmt,
     _per_file,
     compare,
-    not_passed,
+    for_vllms_run,
 )
 from upstream_sdist import DownloadError, extract, fetch_sdist, log  # noqa: E402
 REPO = HERE.parents[1]
@@ -288,24 +289,33 @@ def run_both(args, src: Path, env: dict[str, str], results: Path,
 def run_hooks_then_stock_on_failures(args, src: Path, env: dict[str, str], results: Path,
                                      paths: list[str]) -> tuple[dict | None, dict | None]:
     """The selected tests with our schedulers, then with vLLM's only those
-    ours did not pass (``--stock failed``): the same regressions as
-    :func:`run_both` for about half the work."""
+    ours did not pass (``--stock failed``), or only those of them that
+    reached a scheduler or our code (``--stock reached``, the default;
+    :func:`conformance_compare.for_vllms_run`): the same regressions as
+    :func:`run_both` for a fraction of the work."""
     hooks = _run(args, src, env, "hooks", results, paths)
     if hooks is None:
         return None, None
-    failed = not_passed(hooks)
-    scope = "not passed by the hooks run"
+    failed, left_out = for_vllms_run(hooks, args.stock)
+    scope = ("not passed by the hooks run" if args.stock == "failed" else
+             "not passed by the hooks run, having reached a scheduler or vllm_seqhooks")
+    if left_out:
+        log(f"stock run: not needed for {len(left_out)} test(s) the hook scheduler did not "
+            "pass: each failed before building any scheduler, with no frame of "
+            "vllm_seqhooks in its exception (--stock failed runs them too)")
     if not failed:
-        log("stock run: not needed (every test passed with the hook scheduler)")
-        return {"scope": scope, "tests": {}, "collection_errors": {},
+        log("stock run: not needed (no other test failed with the hook scheduler)")
+        return {"scope": scope, "left_out": left_out, "tests": {}, "collection_errors": {},
                 "schedulers_created": {"hooks": 0, "stock": 0}, "scheduler_classes": {},
                 "wall_s": 0.0}, hooks
-    log(f"stock run: the {len(failed)} test(s) the hook scheduler did not pass")
+    log(f"stock run: the {len(failed)} test(s) the hook scheduler did not pass"
+        + (" having reached a scheduler or vllm_seqhooks" if left_out else ""))
     if len(failed) > MAX_STOCK_IDS:
         failed = sorted({t.split("::")[0] for t in failed})
     stock = _run(args, src, env, "stock", results, failed)
     if stock is not None:
         stock["scope"] = scope
+        stock["left_out"] = left_out
     return stock, hooks
 
 
@@ -382,11 +392,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="use this vllm-VERSION.tar.gz instead of downloading it "
                          "(also $SEQHOOKS_VLLM_SDIST)")
     ap.add_argument("-k", default=None, help="pytest -k expression for both runs")
-    ap.add_argument("--stock", choices=("failed", "all"), default="failed",
-                    help="which tests run with vLLM's schedulers: 'failed' (the "
-                         "default): the hooks run first, then vLLM's schedulers "
-                         "only on the tests ours did not pass (a test ours passes "
-                         "is no regression whatever vLLM's do); 'all': every "
+    ap.add_argument("--stock", choices=("reached", "failed", "all"), default="reached",
+                    help="which tests run with vLLM's schedulers: 'failed': the "
+                         "hooks run first, then vLLM's schedulers only on the tests "
+                         "ours did not pass (a test ours passes is no regression "
+                         "whatever vLLM's do); 'reached' (the default): of those, "
+                         "only the ones that built a scheduler or failed through "
+                         "vllm_seqhooks' code (the others never met the "
+                         "substitution, the runs' one difference); 'all': every "
                          "test with both (to see what passes with ours only)")
     ap.add_argument("--jobs", type=int, choices=(1, 2),
                     default=2 if (os.cpu_count() or 1) >= 2 else 1,
@@ -447,9 +460,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ERROR: not in the sdist: {', '.join(missing)}")
         return EXIT_RUN
     env = run_env(cache, hf_home)
+    with_vllms = {"all": "all", "failed": "those ours do not pass",
+                  "reached": "those ours do not pass that reached a scheduler"}[args.stock]
     log(f"running {len(paths)} upstream test file(s) with our schedulers and "
-        f"{'all' if args.stock == 'all' else 'those ours do not pass'} with vLLM's "
-        f"(logs: {results}/{{stock,hooks}}.log)")
+        f"{with_vllms} with vLLM's (logs: {results}/{{stock,hooks}}.log)")
 
     if args.stock == "all":
         stock, hooks = run_both(args, src, env, results, paths)
@@ -496,9 +510,12 @@ def main(argv: list[str] | None = None) -> int:
             log(f"OK: all {cs['passed']} upstream tests that pass with vLLM's scheduler "
                 "pass with the hook scheduler.")
         else:
-            log(f"OK: {ch['passed']} upstream tests pass with the hook scheduler; the "
-                f"{len(stock['tests'])} it did not pass do not pass with vLLM's either "
-                "(--stock all runs every test with both).")
+            left_out = len(stock.get("left_out", ()))
+            log(f"OK: {ch['passed']} upstream tests pass with the hook scheduler; of "
+                f"those it did not pass, {len(stock['tests'])} do not pass with vLLM's "
+                f"either, {left_out} failed before building any scheduler (not run "
+                "with vLLM's: --stock failed runs them; --stock all runs every test "
+                "with both).")
         return EXIT_OK
     log(f"FAILED: {len(cmp['regressions'])} difference(s), {len(cmp['problems'])} problem(s).")
     return EXIT_DIFF
@@ -508,7 +525,7 @@ def print_report(summary: dict, cmp: dict, stock: dict, hooks: dict,
                  traceback_lines: int) -> None:
     """Both runs' counts, what the hooks run built, and each difference."""
     log()
-    scope = "" if summary["stock_scope"] == "all" else " (the tests ours did not pass)"
+    scope = "" if summary["stock_scope"] == "all" else f" ({summary['stock_scope']})"
     log(f"stock schedulers{scope}: {_fmt(summary['stock']['counts'])}")
     log(f"hook schedulers  : {_fmt(summary['hooks']['counts'])}")
     log(f"schedulers built : stock run {stock['schedulers_created']['stock']} stock "
@@ -521,6 +538,9 @@ def print_report(summary: dict, cmp: dict, stock: dict, hooks: dict,
             f"({len(cmp['not_substituted'])}, e.g. DiffusionScheduler): "
             + ", ".join(cmp["not_substituted"][:5])
             + (" ..." if len(cmp["not_substituted"]) > 5 else ""))
+    for reason, tests in cmp["failed_before_a_scheduler"].items():
+        log(f"failed before building any scheduler, not run with vLLM's ({len(tests)}): "
+            f"{reason[:200]}")
     if cmp["pass_only_with_hooks"]:
         log(f"pass with hooks but not with stock ({len(cmp['pass_only_with_hooks'])}): "
             + ", ".join(cmp["pass_only_with_hooks"]))

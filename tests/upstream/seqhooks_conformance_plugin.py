@@ -321,6 +321,48 @@ def pytest_runtest_call(item: pytest.Item):
         signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failure's entry says whether its exception passed through this
+    project's code (``our_frames``: a frame of the ``vllm_seqhooks``
+    package anywhere in the exception or its causes): with no scheduler
+    built either, the hooks run's substitution cannot have reached it
+    (``run_conformance.py --stock reached``)."""
+    report = yield
+    s = _SESSION
+    if s is not None and report.failed and call.excinfo is not None:
+        entry = s.results.setdefault(item.nodeid, {"outcome": None})
+        entry["our_frames"] = entry.get("our_frames", False) or _our_frames(call.excinfo.value)
+    return report
+
+
+def _our_frames(exc: BaseException) -> bool:
+    """Whether a traceback of ``exc``, its causes or contexts has a frame in
+    the ``vllm_seqhooks`` package (found without importing it; True when
+    it cannot be found: nothing then says the failure is not ours)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm_seqhooks")
+    roots = tuple(os.path.join(os.path.realpath(d), "") for d in
+                  (spec.submodule_search_locations or ())) if spec else ()
+    if not roots:
+        return True
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        tb = e.__traceback__
+        while tb is not None:
+            if os.path.realpath(tb.tb_frame.f_code.co_filename).startswith(roots):
+                return True
+            tb = tb.tb_next
+        todo += [e.__cause__, e.__context__]
+    return False
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     s = _SESSION
     if s is None:
