@@ -49,6 +49,15 @@ def _reason(msg: str | None) -> str:
     return text[:400] or "(no message)"
 
 
+def _by_reason(entries: dict[str, dict], tests) -> dict[str, list[str]]:
+    """``tests`` (ids of ``entries``) grouped by their failure's
+    :func:`_reason`, each group sorted."""
+    out: dict[str, list[str]] = {}
+    for t in sorted(tests):
+        out.setdefault(_reason(entries.get(t, {}).get("message")), []).append(t)
+    return out
+
+
 def not_passed(hooks: dict) -> list[str]:
     """The tests the hooks run did not pass, and the files it could not
     collect: what vLLM's schedulers must run for a comparison (a test ours
@@ -106,10 +115,8 @@ def compare(stock: dict, hooks: dict) -> dict[str, Any]:
     only_hooks_pass = sorted(t for t, e in hk.items()
                              if e.get("outcome") == "passed" and t not in stock_pass
                              and (every_test or t in st))
-    both_fail: dict[str, list[str]] = {}
-    for t, e in sorted(st.items()):
-        if e.get("outcome") in ("failed", "error") and hk.get(t, {}).get("outcome") != "passed":
-            both_fail.setdefault(_reason(e.get("message")), []).append(t)
+    both_fail = _by_reason(st, (t for t, e in st.items() if e.get("outcome") in ("failed", "error")
+                                and hk.get(t, {}).get("outcome") != "passed"))
     # Substitution: tests that built schedulers in the stock run must have
     # built ours in the hooks run.
     # (with vLLM's run of the failures only: the tests of the hooks run that
@@ -150,12 +157,9 @@ def compare(stock: dict, hooks: dict) -> dict[str, Any]:
     if hook_samples:
         problems.append(f"{len(hook_samples)} test(s) sampled a hook token id; pick "
                         "other ids in seqhooks_conformance_plugin.HOOK_TOKEN_IDS")
-    before_a_scheduler: dict[str, list[str]] = {}
-    for t in sorted(left_out):
-        before_a_scheduler.setdefault(_reason(hk.get(t, {}).get("message")), []).append(t)
     return {
         "regressions": regressions,
-        "failed_before_a_scheduler": before_a_scheduler,
+        "failed_before_a_scheduler": _by_reason(hk, left_out),
         "pass_only_with_hooks": only_hooks_pass,
         "fail_in_both": both_fail,
         "not_substituted": not_substituted,

@@ -265,6 +265,14 @@ def _tail(path: Path, n: int) -> str:
         return ""
 
 
+#: What vLLM's run holds for each ``--stock`` choice (its report's ``scope``;
+#: ``"all"`` is what :func:`conformance_compare.compare` reads as every test).
+STOCK_SCOPES = {
+    "all": "all",
+    "failed": "the tests ours did not pass",
+    "reached": "the tests ours did not pass that reached a scheduler or vllm_seqhooks",
+}
+
 #: Above this many tests the hooks run did not pass, vLLM's run takes their
 #: files rather than each test id (a command line of reasonable length).
 MAX_STOCK_IDS = 300
@@ -297,8 +305,7 @@ def run_hooks_then_stock_on_failures(args, src: Path, env: dict[str, str], resul
     if hooks is None:
         return None, None
     failed, left_out = for_vllms_run(hooks, args.stock)
-    scope = ("not passed by the hooks run" if args.stock == "failed" else
-             "not passed by the hooks run, having reached a scheduler or vllm_seqhooks")
+    scope = STOCK_SCOPES[args.stock]
     if left_out:
         log(f"stock run: not needed for {len(left_out)} test(s) the hook scheduler did not "
             "pass: each failed before building any scheduler, with no frame of "
@@ -460,10 +467,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ERROR: not in the sdist: {', '.join(missing)}")
         return EXIT_RUN
     env = run_env(cache, hf_home)
-    with_vllms = {"all": "all", "failed": "those ours do not pass",
-                  "reached": "those ours do not pass that reached a scheduler"}[args.stock]
-    log(f"running {len(paths)} upstream test file(s) with our schedulers and "
-        f"{with_vllms} with vLLM's (logs: {results}/{{stock,hooks}}.log)")
+    log(f"running {len(paths)} upstream test file(s) with our schedulers and, with "
+        f"vLLM's, {STOCK_SCOPES[args.stock]} (logs: {results}/{{stock,hooks}}.log)")
 
     if args.stock == "all":
         stock, hooks = run_both(args, src, env, results, paths)

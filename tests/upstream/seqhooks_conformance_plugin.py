@@ -336,15 +336,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
-def _our_frames(exc: BaseException) -> bool:
-    """Whether a traceback of ``exc``, its causes or contexts has a frame in
-    the ``vllm_seqhooks`` package (found without importing it; True when
-    it cannot be found: nothing then says the failure is not ours)."""
+@functools.lru_cache(maxsize=1)
+def _package_roots() -> tuple[str, ...]:
+    """The ``vllm_seqhooks`` package's directories, each ending in a
+    separator (found without importing it)."""
     import importlib.util
 
     spec = importlib.util.find_spec("vllm_seqhooks")
-    roots = tuple(os.path.join(os.path.realpath(d), "") for d in
-                  (spec.submodule_search_locations or ())) if spec else ()
+    return tuple(os.path.join(os.path.realpath(d), "") for d in
+                 (spec.submodule_search_locations or ())) if spec else ()
+
+
+def _our_frames(exc: BaseException) -> bool:
+    """Whether a traceback of ``exc``, its causes or contexts has a frame in
+    the ``vllm_seqhooks`` package (True when the package cannot be found:
+    nothing then says the failure is not ours)."""
+    roots = _package_roots()
     if not roots:
         return True
     seen: set[int] = set()
