@@ -200,7 +200,8 @@ def test_the_grid_report_gives_the_ratios_per_profile_and_size():
 
     def r(config, p50, critical=1.0, kept=True, families=4, cpu_ms=1.0, per_rs=1.0, **extra):
         return dict(profile="h100-sxm/qwen3-8b", config=config, families=families,
-                    family_latency_p50_s=p50, family_latency_p99_s=p50, tokens_per_s=1,
+                    time_scale=4.0 if families == 16 else 1.0, family_latency_p50_s=p50,
+                    family_latency_p99_s=p50, tokens_per_s=1,
                     engine_steps=1, modelled_gpu_s=1, wall_s=1, engine_cpu_per_step_ms=cpu_ms,
                     modelled_step_ms=2.0, engine_cpu_per_request_step_us=per_rs,
                     critical_path_s=critical, host_kept_up=kept, **extra)
@@ -216,7 +217,7 @@ def test_the_grid_report_gives_the_ratios_per_profile_and_size():
 
     rows = size(4, 1.5) + size(16, 2.5)
     got = ratios(rows)
-    assert got[0] == dict(profile="h100-sxm/qwen3-8b", families=4, aa=1.02,
+    assert got[0] == dict(profile="h100-sxm/qwen3-8b", families=4, time_scale=1.0, aa=1.02,
                           native_vs_sequential=0.6, native_vs_loop=0.75,
                           native_vs_critical_path=1.2, in_process_vs_loop=0.7,
                           plain_hooks_vs_stock_cpu_per_step=1.04,
@@ -226,7 +227,8 @@ def test_the_grid_report_gives_the_ratios_per_profile_and_size():
     assert not got[1]["native_fits_step"] and got[1]["host_kept_up"]
     assert largest_fitting(rows) == {"h100-sxm/qwen3-8b": 4}
     page = markdown(rows, "python -m benchmarks.gpu_timed --smoke")
-    assert "| h100-sxm/qwen3-8b | 4 | 1.02 | 0.6 | 0.75 | 1.2 | 0.7 | False |" in page
+    assert "| h100-sxm/qwen3-8b | 4 | 1.0 | 1.02 | 0.6 | 0.75 | 1.2 | 0.7 | False |" in page
+    assert "| h100-sxm/qwen3-8b | 16 | 4.0 | 1.02 |" in page
     assert "| h100-sxm/qwen3-8b | 16 | 1.04 | 1.0 | 0.75 | False | True |" in page
     assert "fits the modelled step, h100-sxm/qwen3-8b: 4" in page
 
@@ -279,3 +281,59 @@ def test_a_runs_counters_wait_for_its_steps_and_fail_without_them(tmp_path):
         counters_after_run(stats, before, 0, timeout_s=0.3)
     Path(f"{stats}.sched").write_text(_json.dumps({"steps": 9, "scheduler_cpu_s": 0.2}))
     assert counters_after_run(stats, before, 0)["sched_steps"] == 9
+
+
+def test_a_time_scaled_gpu_waits_longer_and_counts_modelled_seconds():
+    from benchmarks.gpu_timed.worker import ModelledGpu
+
+    now = [10.0]
+    gpu = ModelledGpu(clock=lambda: now[0])
+    assert gpu.queue(0.002, 8) == pytest.approx(10.002)
+    gpu.time_scale = 4.0
+    # queued behind the first step, then four times its 3 ms
+    assert gpu.queue(0.003, 8) == pytest.approx(10.014)
+    now[0] = 11.0
+    assert gpu.queue(0.001, 1) == pytest.approx(11.004)
+    assert gpu.counters() == {"steps": 3, "request_steps": 17,
+                              "modelled_gpu_s": pytest.approx(0.006)}
+
+
+def test_the_time_scale_doubles_until_the_host_keeps_up_and_rows_divide_it_back():
+    from benchmarks.gpu_timed.grid import Family, row
+    from benchmarks.gpu_timed.time_scale import MAX_SCALE, busy_fraction, client_lag, next_scale
+
+    # 7 modelled GPU seconds in 17.7 s of wall at 1: idle most of the time
+    assert busy_fraction(7.0, 17.7, 1) == pytest.approx(0.395, abs=1e-3)
+    assert next_scale(1, 0.395, 1.0) == 2
+    assert next_scale(4, busy_fraction(7.0, 28.2, 4), 1.01) is None  # 99 % busy: kept up
+    # busy, but the client saw its families finish 1.6 times later than the
+    # engine finished them (the grid of 2026-11-29 at 1.5B, 256 families)
+    lag = client_lag(7.08, [4.4, 4.5, 4.3], 1)
+    assert lag == pytest.approx(7.08 / 4.4)
+    assert next_scale(1, 0.99, lag) == 2
+    assert client_lag(4.5, [8.0, 9.0, 10.0], 2) == 1.0  # spans are wall: over the scale
+    assert next_scale(MAX_SCALE, 0.5, 2.0) is None  # the largest: the rows then say so
+    fams = [Family("p", [1] * 4, critical_path_tokens=100, sequential_tokens=200)] * 2
+    counts = dict(steps=0, request_steps=0, modelled_gpu_s=0.0, sched_steps=0,
+                  sched_request_steps=0, sched_scheduler_cpu_s=0.0)
+    after = dict(steps=1000, request_steps=2000, modelled_gpu_s=4.0, sched_steps=1000,
+                 sched_request_steps=2000, sched_scheduler_cpu_s=0.5)
+    run = {"latencies": [8.0, 16.0], "total_output_tokens": 400, "duration": 16.4}
+    r = row("sequential", "h100-sxm/qwen3-8b", fams, run, counts, after, time_scale=4.0)
+    # modelled seconds: the wall's over the scale; this host's wall and CPU as measured
+    assert (r["family_latency_p50_s"], r["family_latency_p99_s"]) == (3.0, 3.98)
+    assert r["tokens_per_s"] == round(400 / 4.1, 1) and r["wall_s"] == 16.4
+    assert r["host_kept_up"] and r["time_scale"] == 4.0
+    assert r["engine_cpu_per_step_ms"] == 0.5 and r["modelled_step_ms"] == 4.0
+    assert not row("sequential", "h100-sxm/qwen3-8b", fams, run, counts, after)["host_kept_up"]
+
+
+def test_a_requests_span_runs_from_its_first_steps_start_to_its_last_steps_end():
+    from benchmarks.gpu_timed.request_spans import RequestSpans
+
+    spans = RequestSpans()
+    spans.step(["a"], 1.0, 1.5)
+    spans.step(["a", "b"], 1.5, 2.25)
+    spans.step(["b"], 3.0, 3.5)
+    assert sorted(spans.take()) == [1.25, 2.0]
+    assert spans.take() == []  # each call: the requests since the last one

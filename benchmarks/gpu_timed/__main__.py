@@ -1,14 +1,16 @@
 """The GPU-timed grid (issue 52):
 
     python -m benchmarks.gpu_timed [--smoke] [--profiles P,...] [--sizes 1,16,64,256]
-        [--scale S] [--out DIR] [--write-docs]
+        [--scale S] [--time-scale auto|K] [--out DIR] [--write-docs]
 
 For each profile (``h100-sxm/qwen3-8b`` and the others of :mod:`.profiles`),
 two GPU-timed servers (stock, and hooks with ThreadWeaver's format), an
 in-process ``vllm_seqhooks.LLM`` (:mod:`.in_process`) and, at each number of
 families at once, the configurations of :mod:`.grid`: sequential, its A/A
 repeat, the client loop, native over HTTP, native in-process, and plain
-traffic (nothing forking) on the stock and on the hooks server. Prints a JSON row per
+traffic (nothing forking) on the stock and on the hooks server, every one
+of a size at the time scale its ``sequential`` run chose
+(:mod:`.time_scale`: a host fast enough to keep up). Prints a JSON row per
 run and writes ``gpu_timed.json``, ``gpu_timed.md`` and the chart
 ``gpu_timed.png`` (with matplotlib) into ``--out`` (a new temporary
 directory by default); ``--write-docs`` also writes them into
@@ -64,6 +66,21 @@ class Engines:
         self.stats = {"stock": self.servers["stock"][1], "native": self.servers["native"][1],
                       "native-in-process": llm_stats}
         self._last = {path: grid.counters(path) for path in self.stats.values()}
+        self.time_scale = 1.0
+
+    def engine_for(self, config: str):
+        """What runs ``config``: a server's URL, or the in-process ``LLM``."""
+        return self.llm if config == "native-in-process" else self.server_for(config).url
+
+    def set_time_scale(self, scale: float) -> None:
+        """Every engine's later steps wait ``scale`` times their modelled
+        time (:mod:`.time_scale`); the rows divide their times by it."""
+        from benchmarks.gpu_timed.time_scale import set_scale
+
+        for srv, _ in self.servers.values():
+            set_scale(srv.url, scale)
+        set_scale(self.llm, scale)
+        self.time_scale = scale
 
     def server_for(self, config: str):
         return self.servers["native" if config in ("native", "plain-hooks") else "stock"][0]
@@ -96,25 +113,69 @@ class Engines:
             srv.stop()
 
 
-def run_size(engines: Engines, profile: str, fams: list, model: str, book, tok,
-             workdir: Path, plain_repeats: int) -> list[dict]:
-    from benchmarks.gpu_timed import grid, in_process
+#: The configurations with one request per family: their client's latencies
+#: are compared with the requests' spans on the modelled GPU (``client_lag``).
+ONE_REQUEST_A_FAMILY = ("sequential", "sequential-aa")
 
-    rows = []
-    for config in grid.CONFIGS:
-        if config.startswith("plain"):
-            continue
-        engines.reset_prefix_cache(config)
-        if config == "loop":
-            run = grid.loop_run(engines.server_for(config).url, model, fams, book, tok)
-        elif config == "native-in-process":
-            run = in_process.run(engines.llm, fams,
-                                 grid.MAX_MODEL_LEN - len(fams[0].prompt_ids) - 1)
-        else:
-            run = grid.bench_serve(engines.server_for(config).url, model, fams, workdir,
-                                   plain=config.startswith("plain"))
-        rows.append(grid.row(config, profile, fams, run, *engines.counters_around(config)))
-        print(json.dumps(rows[-1]), flush=True)
+
+def run_config(engines: Engines, config: str, profile: str, fams: list, model: str, book,
+               tok, workdir: Path) -> dict:
+    from benchmarks.gpu_timed import grid, in_process
+    from benchmarks.gpu_timed.time_scale import client_lag, take_spans
+
+    engines.reset_prefix_cache(config)
+    if config in ONE_REQUEST_A_FAMILY:
+        take_spans(engines.engine_for(config))  # (the earlier runs' requests)
+    if config == "loop":
+        run = grid.loop_run(engines.server_for(config).url, model, fams, book, tok)
+    elif config == "native-in-process":
+        run = in_process.run(engines.llm, fams,
+                             grid.MAX_MODEL_LEN - len(fams[0].prompt_ids) - 1)
+    else:
+        run = grid.bench_serve(engines.server_for(config).url, model, fams, workdir,
+                               plain=config.startswith("plain"))
+    out = grid.row(config, profile, fams, run, *engines.counters_around(config),
+                   time_scale=engines.time_scale)
+    if config in ONE_REQUEST_A_FAMILY:
+        out["client_lag"] = round(client_lag(out["family_latency_p50_s"],
+                                             take_spans(engines.engine_for(config)),
+                                             engines.time_scale), 3)
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def sequential_at_a_scale(engines: Engines, scale: float | None, run) -> dict:
+    """The size's first run, ``sequential``, at the fixed ``scale``, or (None)
+    at the time scale the host keeps up at: from the engines' current one,
+    doubled while it did not (:func:`.time_scale.next_scale`); its row keeps
+    every scale tried, with the GPU's busy share and the client's lag at each."""
+    from benchmarks.gpu_timed.time_scale import busy_fraction, next_scale
+
+    tried, trying = [], scale or engines.time_scale
+    while trying is not None:
+        engines.set_time_scale(trying)
+        out = run()
+        busy = busy_fraction(out["modelled_gpu_s"], out["wall_s"], trying)
+        tried.append({"time_scale": trying, "gpu_busy": round(busy, 3),
+                      "client_lag": out["client_lag"]})
+        trying = None if scale else next_scale(trying, busy, out["client_lag"])
+        if trying is not None:
+            print(f"the host fell behind at time scale {tried[-1]['time_scale']} (GPU busy "
+                  f"{busy:.0%}, the client's p50 {out['client_lag']} times the engine's): "
+                  f"again at {trying}", flush=True)
+    return {**out, "time_scales_tried": tried}
+
+
+def run_size(engines: Engines, profile: str, fams: list, model: str, book, tok,
+             workdir: Path, plain_repeats: int, scale: float | None) -> list[dict]:
+    from benchmarks.gpu_timed import grid
+
+    def one(config: str) -> dict:
+        return run_config(engines, config, profile, fams, model, book, tok, workdir)
+
+    rows = [sequential_at_a_scale(engines, scale, lambda: one("sequential"))]
+    rows += [one(config) for config in grid.CONFIGS
+             if config != "sequential" and not config.startswith("plain")]
     return rows + plain_rows(engines, profile, fams, model, workdir, plain_repeats)
 
 
@@ -132,7 +193,8 @@ def plain_rows(engines: Engines, profile: str, fams: list, model: str,
             engines.reset_prefix_cache(config)
             run = grid.bench_serve(engines.server_for(config).url, model, fams, workdir,
                                    plain=True)
-            done.append(grid.row(config, profile, fams, run, *engines.counters_around(config)))
+            done.append(grid.row(config, profile, fams, run, *engines.counters_around(config),
+                                 time_scale=engines.time_scale))
     rows = [grid.median_row(done, "engine_cpu_per_step_ms") for done in runs.values()]
     for r in rows:
         print(json.dumps(r), flush=True)
@@ -140,7 +202,7 @@ def plain_rows(engines: Engines, profile: str, fams: list, model: str,
 
 
 def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path,
-                plain_repeats: int, idle_s: float) -> list[dict]:
+                plain_repeats: int, idle_s: float, time_scale: float | None) -> list[dict]:
     from transformers import AutoTokenizer
 
     from vllm_seqhooks.scripted.params import encode_script
@@ -162,7 +224,8 @@ def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path,
         for n in sizes:
             fams = grid.families(tok, book, n, first)
             first += 10 * n + 1000
-            rows += run_size(engines, profile, fams, model, book, tok, workdir, plain_repeats)
+            rows += run_size(engines, profile, fams, model, book, tok, workdir, plain_repeats,
+                             time_scale)
     finally:
         engines.stop()
         os.sched_setaffinity(0, own_cpus)
@@ -178,11 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=0.035)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--time-scale", default="auto",
+                        help="each modelled step waits this many times its time (a host this "
+                        "many times as fast; times are divided back), or 'auto': per size, "
+                        "doubled from 1 while the host falls behind (benchmarks/gpu_timed/"
+                        "time_scale.py)")
     args = parser.parse_args(argv)
     from benchmarks.gpu_timed.grid import IDLE_ENGINES_S, PLAIN_REPEATS
 
     if args.smoke:
         args.profiles, args.sizes, args.scale = "h100-sxm/qwen2.5-1.5b", "2", 0.01
+        args.time_scale = "1"  # (its figures are not compared: no search)
+    time_scale = None if args.time_scale == "auto" else float(args.time_scale)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = args.out or Path(tempfile.mkdtemp(prefix="seqhooks-gpu-timed-grid-"))
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -191,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += run_profile(profile, sizes, args.scale, out / profile.replace("/", "_"),
                             plain_repeats=1 if args.smoke else PLAIN_REPEATS,
                             # (the smoke's figures are not compared: no wait)
-                            idle_s=0.0 if args.smoke else IDLE_ENGINES_S)
+                            idle_s=0.0 if args.smoke else IDLE_ENGINES_S,
+                            time_scale=time_scale)
     command = "python -m benchmarks.gpu_timed " + " ".join(argv if argv is not None
                                                             else sys.argv[1:])
     from benchmarks.gpu_timed.chart import chart

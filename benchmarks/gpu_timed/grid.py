@@ -27,9 +27,10 @@ Every family of a size has the same trace in every configuration (its
 prompt picks it). Each server's engine processes run on half of the CPUs,
 its API server and the clients on the other half (:mod:`.host_split`: as on
 a GPU host, the engine's spinning wait for the GPU does not take the
-frontend's CPU). A row: per-family latency p50 / p99 (wall seconds; the
-server's modelled GPU keeps the wall clock at GPU speed while the host keeps
-up, ``host_kept_up`` says whether it did), output tokens/s, engine steps,
+frontend's CPU). A row: per-family latency p50 / p99 (modelled seconds: the
+server's modelled GPU keeps the wall clock at GPU speed, times the size's
+time scale (:mod:`.time_scale`), while the host keeps up, ``host_kept_up``
+says whether it did), output tokens/s, engine steps,
 modelled GPU seconds, the scheduler's thread-CPU seconds (schedule, update
 from output, add request: :mod:`.timed_scheduler`) and per step against the
 modelled step, and the critical-path limit: each family's longest path
@@ -68,6 +69,13 @@ PLAIN_REPEATS = 3
 #: CPU of the same server differed by 10-20 % with the order of the runs).
 IDLE_ENGINES_S = 1.1
 MAX_MODEL_LEN = ENGINE_SIZE["max_model_len"]
+#: The servers stream every 16th token (vLLM's ``--stream-interval``, "reduces
+#: host overhead" in its help; a request's last tokens are sent when it
+#: finishes, so a family's latency is the same): at 256 families on 1.5B, one
+#: chunk per token was 256 chunks every 4 ms for the API server and
+#: ``vllm bench serve`` on one core, and the run took 17.7 s of wall for 7.0
+#: s of modelled GPU; with 16, 8.2 s (2026-12-04). The loop does not stream.
+STREAM_INTERVAL = 16
 
 
 @dataclass(frozen=True)
@@ -245,23 +253,27 @@ def median_row(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 
 def row(config: str, profile: str, fams: list[Family], run: dict, before: dict,
-        after: dict) -> dict[str, Any]:
+        after: dict, time_scale: float = 1.0) -> dict[str, Any]:
+    """A run's figures. Its latencies, duration and tokens/s are modelled
+    seconds: the wall clock's divided by ``time_scale`` (:mod:`.time_scale`);
+    ``wall_s`` is this host's wall time, CPU figures are this host's."""
     d = {k: after[k] - before[k] for k in after if not isinstance(after[k], bool)}
     steps = max(1, d["steps"])
     step_s = d["modelled_gpu_s"] / steps
     sched = d["sched_scheduler_cpu_s"]
-    lat = run["latencies"]
+    lat = [t / time_scale for t in run["latencies"]]
+    duration = run["duration"] / time_scale
     critical = [f.critical_path_tokens * step_s for f in fams]
     out = dict(
-        profile=profile, config=config, families=len(fams),
+        profile=profile, config=config, families=len(fams), time_scale=time_scale,
         family_latency_p50_s=round(percentile(lat, 50), 3),
         family_latency_p99_s=round(percentile(lat, 99), 3),
-        tokens_per_s=round(run["total_output_tokens"] / run["duration"], 1),
+        tokens_per_s=round(run["total_output_tokens"] / duration, 1),
         output_tokens=run["total_output_tokens"], wall_s=round(run["duration"], 3),
         engine_steps=d["steps"], request_steps=d["request_steps"],
         plain_steps=d.get("sched_plain_steps"),
         modelled_gpu_s=round(d["modelled_gpu_s"], 3),
-        host_kept_up=bool(d["modelled_gpu_s"] >= 0.9 * run["duration"]),
+        host_kept_up=bool(d["modelled_gpu_s"] >= 0.9 * duration),
         engine_cpu_s=round(sched, 4),
         engine_cpu_per_step_ms=round(sched / steps * 1e3, 4),
         modelled_step_ms=round(step_s * 1e3, 3),
@@ -291,7 +303,7 @@ def server(model: str, profile: str, workdir: Path, name: str, *, trace_mode: st
                 "--scheduler-stats-path", f"{stats}.sched", "--trace-mode", trace_mode,
                 "--trace-scale", str(scale), "--trace-prompt-tokens", str(PROMPT_TOKENS),
                 "--host", "127.0.0.1", "--port", str(port), *serve_flags(ENGINE_SIZE),
-                "--enable-prompt-tokens-details",
+                "--enable-prompt-tokens-details", "--stream-interval", str(STREAM_INTERVAL),
                 "--disable-log-stats", "--uvicorn-log-level", "warning", *hook_flags]
 
     # Connections kept open for the whole run: with uvicorn's 5 s default,

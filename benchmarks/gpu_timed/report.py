@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 COLUMNS = (
-    ("config", "configuration"), ("families", "families"),
+    ("config", "configuration"), ("families", "families"), ("time_scale", "time scale"),
     ("family_latency_p50_s", "latency p50 (s)"), ("family_latency_p99_s", "p99 (s)"),
     ("tokens_per_s", "tokens/s"), ("engine_steps", "steps"),
     ("modelled_gpu_s", "modelled GPU (s)"), ("wall_s", "wall (s)"),
@@ -34,6 +34,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             cpu = {k: v["engine_cpu_per_step_ms"] for k, v in c.items()}
             out.append(dict(
                 profile=profile, families=n,
+                time_scale=c["sequential"].get("time_scale", 1.0),
                 aa=round(p50["sequential-aa"] / p50["sequential"], 3),
                 native_vs_sequential=round(p50["native"] / p50["sequential"], 3),
                 native_vs_loop=round(p50["native"] / p50["loop"], 3),
@@ -69,7 +70,11 @@ def largest_fitting(rows: list[dict[str, Any]]) -> dict[str, int | None]:
 
 def markdown(rows: list[dict[str, Any]], command: str) -> str:
     lines = ["# GPU-timed grid", "", "Modelled: each engine step waits as long as the named "
-             "GPU would take for it (docs/benchmarks/gpu_timed_model.md); everything else "
+             "GPU would take for it (docs/benchmarks/gpu_timed_model.md), times the size's "
+             "time scale: where this host could not keep up with the modelled GPU, its "
+             "steps wait 2, 4 or 8 times as long and every time is divided back, so the "
+             "figures are those of a host that many times as fast, except the scheduler's "
+             "CPU, which is this host's (benchmarks/gpu_timed/time_scale.py); everything else "
              "(vLLM's server, engine core, scheduler, async scheduling, the clients) is real "
              "and runs on this machine's CPU: each engine's processes on one half of the "
              "cores, the API servers and the clients on the other "
@@ -79,11 +84,11 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
              "(for the loop, also its own round trips, which leave a GPU waiting on any "
              "host).", "", "```bash", command, "```", "",
              "## Ratios (p50 family latency)", "",
-             "| profile | families | A/A | native / sequential | native / loop "
+             "| profile | families | time scale | A/A | native / sequential | native / loop "
              "| native / critical path | native in-process / loop | host kept up |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in ratios(rows):
-        lines.append(f"| {r['profile']} | {r['families']} | {r['aa']} | "
+        lines.append(f"| {r['profile']} | {r['families']} | {r['time_scale']} | {r['aa']} | "
                      f"{r['native_vs_sequential']} | {r['native_vs_loop']} | "
                      f"{r['native_vs_critical_path']} | {r['in_process_vs_loop']} | "
                      f"{r['host_kept_up']} |")

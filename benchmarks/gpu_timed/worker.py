@@ -18,10 +18,19 @@ Configured through ``additional_config={"gpu_timed": {...}}`` (``gpu``,
 (``mode``, ``scale``, ``prompt_tokens``), a request without a script samples
 the family its prompt picks (:class:`.trace_book.TraceBook`): how plain
 prompts from ``vllm bench serve`` become ThreadWeaver-format families.
-The worker writes its counters (steps, request-steps, modelled GPU seconds;
-and whether async scheduling is on) as JSON to
-``stats_path`` from a thread, within a fraction of a second of each change,
-and at shutdown.
+The worker's process naps between its looks at the engine core's queue
+where vLLM's reader spins (:func:`queue_readers_nap`): on a GPU host it
+spins on a core of its own; here it shares the engines' half of the CPUs
+with the engine core (:mod:`.host_split`), and its spinning delayed the
+engine core and its own output thread (one family on 1.5B, 2026-12-04: the
+family's latency 10 % above the modelled GPU's busy time, about 0.3 ms a
+step).
+``set_time_scale`` (vLLM's ``collective_rpc``) stretches the wait of every
+later step (:mod:`.time_scale`); ``take_request_spans`` gives how long each
+request took on the modelled GPU (:mod:`.request_spans`). The worker writes
+its counters (steps, request-steps, modelled GPU seconds; and whether async
+scheduling is on) as JSON to ``stats_path`` from a thread, within a fraction
+of a second of each change, and at shutdown.
 """
 
 from __future__ import annotations
@@ -34,11 +43,13 @@ from vllm_seqhooks.engine.vllm_private.worker_api import (
     cpu_worker_class,
     empty_output,
     model_runner_output,
+    queue_readers_nap,
 )
 from vllm_seqhooks.scripted.params import encode_script
 from vllm_seqhooks.scripted.protocol import forcing_plan, model_eos_token_id, resolve_script
 
 from benchmarks.gpu_timed.profiles import step_model_for
+from benchmarks.gpu_timed.request_spans import RequestSpans
 from benchmarks.gpu_timed.stats_file import keep_stats_written, write_stats
 from benchmarks.gpu_timed.trace_book import TraceBook
 from benchmarks.gpu_timed.tracker import RequestTracker
@@ -48,7 +59,10 @@ CONFIG_KEY = "gpu_timed"
 
 class ModelledGpu:
     """A device that runs one step at a time: a step starts when it is
-    queued and the previous one is done, and lasts its modelled time."""
+    queued and the previous one is done, and lasts its modelled time times
+    ``time_scale`` (:mod:`.time_scale`: at 4, the host has four times the
+    wall time for each step, as a host four times as fast would have at 1);
+    ``busy_s`` counts modelled seconds."""
 
     def __init__(self, clock=time.monotonic) -> None:
         self._clock = clock
@@ -56,11 +70,12 @@ class ModelledGpu:
         self.steps = 0
         self.request_steps = 0
         self.busy_s = 0.0
+        self.time_scale = 1.0
 
     def queue(self, seconds: float, requests: int) -> float:
         """Queue a step; returns the clock time it finishes."""
         start = max(self._clock(), self.free_at)
-        self.free_at = start + seconds
+        self.free_at = start + seconds * self.time_scale
         self.steps += 1
         self.request_steps += requests
         self.busy_s += seconds
@@ -90,6 +105,7 @@ def _sleep_until(deadline: float) -> None:
 class GpuTimedWorker(cpu_worker_class()):
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
+        queue_readers_nap()
         cfg = (vllm_config.additional_config or {}).get(CONFIG_KEY) or {}
         self._filler = int(cfg["filler_token"])
         self._stats_path = cfg.get("stats_path")
@@ -98,6 +114,7 @@ class GpuTimedWorker(cpu_worker_class()):
         self._book = _trace_book(cfg.get("traces"), vllm_config, self._eos)
         self._tracker = RequestTracker(self._plan_for, self._filler)
         self._gpu = ModelledGpu()
+        self._spans = RequestSpans()
         self._async = bool(vllm_config.scheduler_config.async_scheduling)
         self._pending = None
         if self._stats_path is not None:
@@ -119,7 +136,9 @@ class GpuTimedWorker(cpu_worker_class()):
         step = self._tracker.step(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return empty_output()
-        done_at = self._gpu.queue(self._model.seconds(step.batch), len(step.batch))
+        seconds = self._model.seconds(step.batch)
+        done_at = self._gpu.queue(seconds, len(step.batch))
+        self._spans.step(step.req_ids, done_at - seconds * self._gpu.time_scale, done_at)
         self._pending = (step, done_at)
         return None
 
@@ -133,6 +152,22 @@ class GpuTimedWorker(cpu_worker_class()):
             return output
 
         return async_output(when_done)
+
+    def set_time_scale(self, scale: float | str) -> float:
+        """Each later step waits ``scale`` times its modelled time (called
+        between runs, through vLLM's ``collective_rpc``; over HTTP its
+        arguments may come as strings)."""
+        scale = float(scale)
+        if not scale >= 1:
+            raise ValueError(f"time scale {scale!r}: at least 1 (a host no slower than this one)")
+        self._gpu.time_scale = float(scale)
+        return self._gpu.time_scale
+
+    def take_request_spans(self) -> list[float]:
+        """Each request's wall seconds from its first step's start to its
+        last step's end, for the requests since the last call
+        (:mod:`.request_spans`; through ``collective_rpc``)."""
+        return self._spans.take()
 
     def _counters(self) -> dict:
         return {**self._gpu.counters(), "async_scheduling": self._async}

@@ -3,14 +3,17 @@ the GPU-timed worker of ``benchmarks.gpu_timed`` subclasses the CPU
 platform's worker and answers ``execute_model`` / ``sample_tokens`` itself.
 
 What it relies on: the CPU worker class and its two step methods, the
-fields of the scheduler output it reads, and the model-runner output it
+fields of the scheduler output it reads, the model-runner output it
 builds (plain or asynchronous, as the GPU runner returns with async
-scheduling). :func:`worker_api_problems` checks them.
+scheduling), and the shared-memory queue's reader spin it turns into naps
+in its own process (:func:`queue_readers_nap`).
+:func:`worker_api_problems` checks them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 
 from vllm_seqhooks.engine.vllm_private.common import method_problems
@@ -64,11 +67,52 @@ def async_output(get: Callable[[], object]):
     return _Deferred()
 
 
+SPIN_CONDITION_WAIT = ("wait", ("self", "timeout_ms"))
+SPIN_CONDITION_FIELDS = ("last_read", "busy_loop_s")
+#: How long a napping queue reader sleeps between two looks at the queue.
+READER_NAP_S = 100e-6
+
+
+def queue_readers_nap() -> None:
+    """Shared-memory queue readers in this process nap ``READER_NAP_S``
+    between two looks at an empty queue in the second after their last read,
+    where vLLM's ``SpinCondition.wait`` only yields the CPU (it still does
+    what it does, then the nap); after that second they wait for the
+    writer's notification, as vLLM's do. For a worker whose process shares a
+    CPU with the engine core: on a GPU host each spins on its own core; here
+    the worker's spinning took that core from the engine core and from the
+    worker's own output thread. (Waiting for the notification only, with
+    ``busy_loop_s=0``, lost some on vLLM 0.32: a step then waited the
+    reader's 5 s recheck.)"""
+    import time
+
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    wait = SpinCondition.wait
+    if getattr(wait, "_seqhooks_nap", False):
+        return
+
+    def napping_wait(self, timeout_ms=None):
+        busy = time.monotonic() <= self.last_read + self.busy_loop_s
+        wait(self, timeout_ms)
+        if busy:
+            time.sleep(READER_NAP_S)
+
+    napping_wait._seqhooks_nap = True
+    SpinCondition.wait = napping_wait
+
+
 def worker_api_problems() -> list[str]:
     from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
     from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
     found = method_problems(cpu_worker_class(), WORKER_METHODS)
+    found += method_problems(SpinCondition, (SPIN_CONDITION_WAIT,))
+    init = inspect.getsource(SpinCondition.__init__)
+    found += [f"SpinCondition.__init__ no longer sets {name}"
+              for name in SPIN_CONDITION_FIELDS if f"self.{name} =" not in init]
     for cls, names in ((NewRequestData, NEW_REQUEST_FIELDS),
                        (CachedRequestData, CACHED_REQUEST_FIELDS),
                        (SchedulerOutput, SCHEDULER_OUTPUT_FIELDS)):
