@@ -93,34 +93,33 @@ def test_the_worker_interface_the_gpu_timed_worker_implements_is_checked(monkeyp
 def test_the_gpu_timed_workers_queue_readers_nap_where_vllms_spin(monkeypatch):
     """The GPU-timed worker's process looks at its queue with a nap in
     between where vLLM's reader only yields (the second after a read), and
-    waits for the writer's notification after it, as vLLM's does."""
+    waits for the writer's notification after it, as vLLM's does. The reader
+    is vLLM's class without its zmq sockets (a real context's ``term`` once
+    aborted the whole pytest process in a clean-clone run)."""
     import time
+    from types import SimpleNamespace
 
-    import zmq
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 
     from vllm_seqhooks.engine.vllm_private.worker_api import READER_NAP_S, queue_readers_nap
 
     monkeypatch.setattr(SpinCondition, "wait", SpinCondition.wait)  # (restored after)
-    naps = []
+    naps, polls = [], []
     sleep = time.sleep
     monkeypatch.setattr(time, "sleep", lambda s: (naps.append(s), sleep(s)))
-    ctx = zmq.Context()
-    reader = SpinCondition(True, ctx, "inproc://seqhooks-nap")
-    try:
-        queue_readers_nap()
-        queue_readers_nap()
-        reader.record_read()
-        reader.wait(timeout_ms=0)
-        assert naps == [READER_NAP_S]  # once: installed once
-        reader.last_read -= 2 * reader.busy_loop_s
-        reader.wait(timeout_ms=0)  # idle: vLLM's wait on the notification
-        assert naps == [READER_NAP_S]
-    finally:
-        for sock in (reader.local_notify_socket, reader.write_cancel_socket,
-                     reader.read_cancel_socket):
-            sock.close(linger=0)
-        ctx.term()
+    reader = SpinCondition.__new__(SpinCondition)
+    reader.is_reader, reader.busy_loop_s = True, 1
+    reader.read_cancel_socket = reader.local_notify_socket = object()
+    reader.poller = SimpleNamespace(poll=lambda timeout=None: polls.append(timeout) or [])
+    queue_readers_nap()
+    queue_readers_nap()
+    # (as after a read; 0.33 also looks at its socket every 2 s from there)
+    reader.last_read = reader.last_notify_poll = time.monotonic()
+    reader.wait(timeout_ms=0)
+    assert naps == [READER_NAP_S] and polls == []  # once: installed once
+    reader.last_read -= 2 * reader.busy_loop_s
+    reader.wait(timeout_ms=7)  # idle: vLLM's wait on the notification
+    assert naps == [READER_NAP_S] and polls == [7]
 
 
 # ----------------------------------------------------------- one port onto vLLM
