@@ -292,6 +292,7 @@ def test_a_time_scaled_gpu_waits_longer_and_counts_modelled_seconds():
     gpu.time_scale = 4.0
     # queued behind the first step, then four times its 3 ms
     assert gpu.queue(0.003, 8) == pytest.approx(10.014)
+    assert gpu.last_start == pytest.approx(10.002)  # (the spans' start)
     now[0] = 11.0
     assert gpu.queue(0.001, 1) == pytest.approx(11.004)
     assert gpu.counters() == {"steps": 3, "request_steps": 17,

@@ -67,6 +67,7 @@ class ModelledGpu:
     def __init__(self, clock=time.monotonic) -> None:
         self._clock = clock
         self.free_at = 0.0
+        self.last_start = 0.0
         self.steps = 0
         self.request_steps = 0
         self.busy_s = 0.0
@@ -74,7 +75,7 @@ class ModelledGpu:
 
     def queue(self, seconds: float, requests: int) -> float:
         """Queue a step; returns the clock time it finishes."""
-        start = max(self._clock(), self.free_at)
+        start = self.last_start = max(self._clock(), self.free_at)
         self.free_at = start + seconds * self.time_scale
         self.steps += 1
         self.request_steps += requests
@@ -136,9 +137,8 @@ class GpuTimedWorker(cpu_worker_class()):
         step = self._tracker.step(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return empty_output()
-        seconds = self._model.seconds(step.batch)
-        done_at = self._gpu.queue(seconds, len(step.batch))
-        self._spans.step(step.req_ids, done_at - seconds * self._gpu.time_scale, done_at)
+        done_at = self._gpu.queue(self._model.seconds(step.batch), len(step.batch))
+        self._spans.step(step.req_ids, self._gpu.last_start, done_at)
         self._pending = (step, done_at)
         return None
 
@@ -160,8 +160,8 @@ class GpuTimedWorker(cpu_worker_class()):
         scale = float(scale)
         if not scale >= 1:
             raise ValueError(f"time scale {scale!r}: at least 1 (a host no slower than this one)")
-        self._gpu.time_scale = float(scale)
-        return self._gpu.time_scale
+        self._gpu.time_scale = scale
+        return scale
 
     def take_request_spans(self) -> list[float]:
         """Each request's wall seconds from its first step's start to its
