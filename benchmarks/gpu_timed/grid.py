@@ -51,6 +51,7 @@ from typing import Any
 
 from benchmarks.gpu_timed.engine_args import ENGINE_SIZE, serve_flags
 from benchmarks.gpu_timed.stats_file import SETTLED_S
+from benchmarks.gpu_timed.time_scale import busy_fraction
 from benchmarks.gpu_timed.trace_book import PLAIN_KEY, TraceBook, prompt_text
 
 FORMAT = {"format": "threadweaver", "max_child_depth": 1, "fork_min_tokens": 1}
@@ -273,7 +274,7 @@ def row(config: str, profile: str, fams: list[Family], run: dict, before: dict,
         engine_steps=d["steps"], request_steps=d["request_steps"],
         plain_steps=d.get("sched_plain_steps"),
         modelled_gpu_s=round(d["modelled_gpu_s"], 3),
-        host_kept_up=bool(d["modelled_gpu_s"] >= 0.9 * duration),
+        host_kept_up=busy_fraction(d["modelled_gpu_s"], run["duration"], time_scale) >= 0.9,
         engine_cpu_s=round(sched, 4),
         engine_cpu_per_step_ms=round(sched / steps * 1e3, 4),
         modelled_step_ms=round(step_s * 1e3, 3),

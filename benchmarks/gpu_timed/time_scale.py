@@ -36,6 +36,7 @@ trips leave a GPU idle on any host.
 from __future__ import annotations
 
 import json
+import statistics
 import urllib.request
 from typing import Any
 
@@ -53,9 +54,7 @@ def client_lag(client_p50_s: float, engine_spans_s: list[float], scale: float) -
     """The client's p50 latency (modelled seconds) over the p50 of the
     requests' spans on the modelled GPU (wall seconds, divided by
     ``scale``)."""
-    from benchmarks.gpu_timed.grid import percentile
-
-    engine = percentile(engine_spans_s, 50) / scale if engine_spans_s else 0.0
+    engine = statistics.median(engine_spans_s) / scale if engine_spans_s else 0.0
     return client_p50_s / engine if engine > 0 else 1.0
 
 
