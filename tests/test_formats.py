@@ -331,3 +331,21 @@ def test_quiet_steps_change_no_event(name):
                 pos += len(step)
             assert got == want
             assert skipped > 0
+
+
+def test_a_scanner_is_clear_as_soon_as_no_tag_is_under_way():
+    """A request is quiet (its steps skip the scan) while no end of the
+    bytes kept begins a tag: right after a whole tag, or after a tag's first
+    byte that the next bytes do not continue (``<Thread>`` against
+    ``</Thread>``), not only once the first byte has left the bytes kept;
+    and never while a tag is under way."""
+    table = [bytes([b]) for b in range(128)]
+    scanner = TagScanner(table, [b"</Thread>", b"</Outlines>"])
+    states = []
+    for ch in "a<Thread>\nb</Outline>\n</Th":
+        scanner.feed([ord(ch)], 0)
+        states.append((ch, scanner.clear()))
+    loud = "".join(ch for ch, clear in states if not clear)
+    # '<' of "<Thread>" (until 'T'), all of "</Outline" (a beginning of
+    # "</Outlines>", until its '>'), and the "</Th" under way at the end.
+    assert loud == "<" + "</Outline" + "</Th"

@@ -30,7 +30,7 @@ class TagScanner:
     """Finds ``tags`` (bytes) in token ids, with ``table[id]`` the bytes of
     each id (ids past the table stand for no bytes)."""
 
-    __slots__ = ("table", "tags", "keep", "tail", "owners", "firsts")
+    __slots__ = ("table", "tags", "keep", "tail", "owners", "firsts", "prefixes")
 
     def __init__(self, table: Sequence[bytes], tags: Sequence[bytes]) -> None:
         if not tags or any(not t for t in tags):
@@ -41,20 +41,26 @@ class TagScanner:
         self.tail = b""
         #: The token position of each byte of ``tail``.
         self.owners: list[int] = []
-        #: The bytes a tag can start with.
+        #: The bytes a tag can start with, and the beginnings of tags (the
+        #: bytes of a tag under way at the end of the stream).
         self.firsts = bytes(sorted({t[0] for t in self.tags}))
+        self.prefixes = frozenset(t[:n] for t in self.tags for n in range(1, len(t)))
 
     def copy(self) -> "TagScanner":
         twin = TagScanner.__new__(TagScanner)
         twin.table, twin.tags, twin.keep = self.table, self.tags, self.keep
         twin.tail, twin.owners, twin.firsts = self.tail, list(self.owners), self.firsts
+        twin.prefixes = self.prefixes
         return twin
 
     def clear(self) -> bool:
-        """No tag has begun in the bytes kept: until a token holding a byte a
-        tag starts with (:meth:`starting_ids`) comes, none can be found, and
-        tokens without one can be fed later, in order, with the same hits."""
-        return not any(b in self.firsts for b in self.tail)
+        """No tag is under way: no end of the bytes kept begins a tag. Until
+        a token holding a byte a tag starts with (:meth:`starting_ids`)
+        comes, none can be found, and tokens without one can be fed later,
+        in order, with the same hits (a match that began in the bytes kept
+        would need an end of them to begin a tag)."""
+        tail, firsts, prefixes = self.tail, self.firsts, self.prefixes
+        return not any(b in firsts and tail[i:] in prefixes for i, b in enumerate(tail))
 
     def starting_ids(self) -> frozenset[int]:
         """The ids whose bytes hold a byte a tag starts with (cached per
