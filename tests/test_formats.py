@@ -333,19 +333,30 @@ def test_quiet_steps_change_no_event(name):
             assert skipped > 0
 
 
-def test_a_scanner_is_clear_as_soon_as_no_tag_is_under_way():
-    """A request is quiet (its steps skip the scan) while no end of the
-    bytes kept begins a tag: right after a whole tag, or after a tag's first
-    byte that the next bytes do not continue (``<Thread>`` against
-    ``</Thread>``), not only once the first byte has left the bytes kept;
-    and never while a tag is under way."""
-    table = [bytes([b]) for b in range(128)]
-    scanner = TagScanner(table, [b"</Thread>", b"</Outlines>"])
-    states = []
-    for ch in "a<Thread>\nb</Outline>\n</Th":
-        scanner.feed([ord(ch)], 0)
-        states.append((ch, scanner.clear()))
-    loud = "".join(ch for ch, clear in states if not clear)
-    # '<' of "<Thread>" (until 'T'), all of "</Outline" (a beginning of
-    # "</Outlines>", until its '>'), and the "</Th" under way at the end.
-    assert loud == "<" + "</Outline" + "</Th"
+def test_a_tag_formats_steps_are_scanned_only_where_a_tag_can_end():
+    """The engine scans a request's step only when one of its tokens holds
+    a byte a tag ends with (``watched_ids``: for ThreadWeaver's tags, ``>``);
+    the tokens of the steps between are fed then, in order, so a tag under
+    way across skipped steps is found at the token that ends it, at its
+    first token's position, and the outline items before it are read."""
+    fmt = TagFormat(**{k: v for k, v in expand("threadweaver").items()
+                       if k in TagFormat.__dataclass_fields__})
+    table = [bytes([b]) for b in range(128)]  # one character a token
+    codec = TextCodec(table, lambda text: [])
+    scanner = TagFormatScanner(fmt, codec, may_fork=True, ends_at_tag=False, max_children=9)
+    watched = scanner.watched_ids()
+    assert watched == {ord(">")}
+    text = "Plan:\n<Outlines>\n<Outline>1: a</Outline>\n<Outline>2: b</Outline>\n</Outlines>"
+    ids = [ord(c) for c in text]
+    scanner.fed_to = 0
+    events, scans = [], 0
+    for pos, tok in enumerate(ids):
+        if tok not in watched:
+            continue  # a quiet step: nothing fed now
+        scans += 1
+        events += scanner.feed(ids[scanner.fed_to:pos + 1], scanner.fed_to)
+    assert scans == text.count(">")
+    (fork,) = events
+    assert isinstance(fork, ForkReached)
+    assert fork.pos == len(text) - 1 and fork.labels == ("1", "2")
+    assert fork.tag_start == text.index("</Outlines>")

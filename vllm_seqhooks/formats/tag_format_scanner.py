@@ -53,18 +53,16 @@ class TagFormatScanner:
     def may_fire(self, tokens: Sequence[int]) -> bool:
         return True
 
-    def watched_ids(self) -> frozenset[int] | None:
-        """While no tag has begun, the ids that can begin one (a step
-        without them finds nothing, and its tokens may be fed later: see
-        :attr:`needs_history`); None while one may be under way."""
-        return self.tags.starting_ids() if self.tags.clear() else None
+    def watched_ids(self) -> frozenset[int]:
+        """The ids that can end a tag: a step without them finds nothing,
+        and its tokens are fed before the next step that has one (see
+        :attr:`needs_history`)."""
+        return self.tags.ending_ids()
 
-    @property
-    def needs_history(self) -> bool:
-        """Tokens it was not fed (from :attr:`fed_to` on) must be fed before
-        the next ones: outline items are read from every byte since the
-        last fork."""
-        return self.since_fork is not None
+    #: Tokens of the steps it skipped (from :attr:`fed_to` on) are fed
+    #: before the next ones: a tag under way may span them, and outline
+    #: items are read from every byte since the last fork.
+    needs_history = True
 
     #: Its end reports nothing (:meth:`finish`).
     pending_finish = False

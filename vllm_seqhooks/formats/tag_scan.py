@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 
-#: (id of a table, first bytes) -> (the table, ids holding one of them).
-_STARTING_IDS: dict[tuple[int, bytes], tuple[Sequence[bytes], frozenset[int]]] = {}
+#: (id of a table, last bytes) -> (the table, ids holding one of them).
+_ENDING_IDS: dict[tuple[int, bytes], tuple[Sequence[bytes], frozenset[int]]] = {}
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class TagScanner:
     """Finds ``tags`` (bytes) in token ids, with ``table[id]`` the bytes of
     each id (ids past the table stand for no bytes)."""
 
-    __slots__ = ("table", "tags", "keep", "tail", "owners", "firsts", "prefixes")
+    __slots__ = ("table", "tags", "keep", "tail", "owners", "lasts")
 
     def __init__(self, table: Sequence[bytes], tags: Sequence[bytes]) -> None:
         if not tags or any(not t for t in tags):
@@ -41,36 +41,26 @@ class TagScanner:
         self.tail = b""
         #: The token position of each byte of ``tail``.
         self.owners: list[int] = []
-        #: The bytes a tag can start with, and the beginnings of tags (the
-        #: bytes of a tag under way at the end of the stream).
-        self.firsts = bytes(sorted({t[0] for t in self.tags}))
-        self.prefixes = frozenset(t[:n] for t in self.tags for n in range(1, len(t)))
+        #: The bytes a tag can end with.
+        self.lasts = bytes(sorted({t[-1] for t in self.tags}))
 
     def copy(self) -> "TagScanner":
         twin = TagScanner.__new__(TagScanner)
         twin.table, twin.tags, twin.keep = self.table, self.tags, self.keep
-        twin.tail, twin.owners, twin.firsts = self.tail, list(self.owners), self.firsts
-        twin.prefixes = self.prefixes
+        twin.tail, twin.owners, twin.lasts = self.tail, list(self.owners), self.lasts
         return twin
 
-    def clear(self) -> bool:
-        """No tag is under way: no end of the bytes kept begins a tag. Until
-        a token holding a byte a tag starts with (:meth:`starting_ids`)
-        comes, none can be found, and tokens without one can be fed later,
-        in order, with the same hits (a match that began in the bytes kept
-        would need an end of them to begin a tag)."""
-        tail, firsts, prefixes = self.tail, self.firsts, self.prefixes
-        return not any(b in firsts and tail[i:] in prefixes for i, b in enumerate(tail))
-
-    def starting_ids(self) -> frozenset[int]:
-        """The ids whose bytes hold a byte a tag starts with (cached per
-        table and tags' first bytes)."""
-        key = (id(self.table), self.firsts)
-        found = _STARTING_IDS.get(key)
+    def ending_ids(self) -> frozenset[int]:
+        """The ids whose bytes hold a byte a tag ends with: a tag is found
+        only at such a token (the one holding its last byte), so tokens
+        without one may be fed later, in order, before the next such token,
+        with the same hits (cached per table and tags' last bytes)."""
+        key = (id(self.table), self.lasts)
+        found = _ENDING_IDS.get(key)
         if found is None or found[0] is not self.table:
             ids = frozenset(i for i, data in enumerate(self.table)
-                            if any(b in self.firsts for b in data))
-            found = _STARTING_IDS[key] = (self.table, ids)
+                            if any(b in self.lasts for b in data))
+            found = _ENDING_IDS[key] = (self.table, ids)
         return found[1]
 
     def bytes_of(self, token: int) -> bytes:
