@@ -299,6 +299,21 @@ def test_a_time_scaled_gpu_waits_longer_and_counts_modelled_seconds():
                               "modelled_gpu_s": pytest.approx(0.006)}
 
 
+def test_one_worker_prices_its_steps_for_each_profile_it_is_set_to():
+    from benchmarks.gpu_timed.worker import GpuTimedWorker
+
+    worker = object.__new__(GpuTimedWorker)  # (no engine: set_profile sets the step model)
+    batch = [(1, 350)] * 4
+    priced = []
+    for profile in ("h100-sxm/qwen3-8b", "h100-sxm/qwen3-32b", "h100-sxm/qwen3-8b"):
+        assert worker.set_profile(profile) == profile
+        priced.append(worker._model.seconds(batch))
+        assert priced[-1] == step_model_for(*parse_profile(profile)).seconds(batch)
+    assert priced[0] == priced[2] < priced[1]
+    with pytest.raises(ValueError, match="known: h100-sxm/"):
+        worker.set_profile("h100/qwen3-8b")
+
+
 def test_the_time_scale_doubles_until_the_host_keeps_up_and_rows_divide_it_back():
     from benchmarks.gpu_timed.grid import Family, row
     from benchmarks.gpu_timed.time_scale import MAX_SCALE, busy_fraction, client_lag, next_scale

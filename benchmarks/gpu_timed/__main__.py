@@ -1,22 +1,22 @@
 """The GPU-timed grid (issue 52):
 
     python -m benchmarks.gpu_timed [--smoke] [--profiles P,...] [--sizes 1,16,64,256]
-        [--scale S] [--time-scale auto|K] [--out DIR] [--write-docs]
+        [--scale S] [--plain-repeats N] [--time-scale auto|K] [--out DIR] [--write-docs]
 
-For each profile (``h100-sxm/qwen3-8b`` and the others of :mod:`.profiles`),
-two GPU-timed servers (stock, and hooks with ThreadWeaver's format), an
-in-process ``vllm_seqhooks.LLM`` (:mod:`.in_process`) and, at each number of
-families at once, the configurations of :mod:`.grid`: sequential, its A/A
-repeat, the client loop, native over HTTP, native in-process, and plain
+Two GPU-timed servers (stock, and hooks with ThreadWeaver's format) and an
+in-process ``vllm_seqhooks.LLM`` (:mod:`.in_process`), started once and
+priced for each profile in turn (``h100-sxm/qwen3-8b`` and the others of
+:mod:`.profiles`; the worker's ``set_profile``), run, for each profile at
+each number of families at once, the configurations of :mod:`.grid`:
+sequential, its A/A repeat, the client loop, native over HTTP, native in-process, and plain
 traffic (nothing forking) on the stock and on the hooks server, every one
 of a size at the time scale its ``sequential`` run chose
 (:mod:`.time_scale`: a host fast enough to keep up). Prints a JSON row per
 run and writes ``gpu_timed.json``, ``gpu_timed.md`` and the chart
 ``gpu_timed.png`` (with matplotlib) into ``--out`` (a new temporary
 directory by default); ``--write-docs`` also writes them into
-``docs/benchmarks/``. ``--smoke``: one profile, 2 families, short traces,
-plain traffic once per server: a check that every configuration runs, not
-figures.
+``docs/benchmarks/``. ``--smoke``: one profile, 2 families, short traces:
+a check that every configuration runs, not figures.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Engines:
-    """One profile's engines: the stock and the hooks server and the
+    """The grid's engines: the stock and the hooks server and the
     in-process ``LLM``, started at once (the servers boot in their own
-    processes while this one builds the ``LLM``), and each one's counters
+    processes while this one builds the ``LLM``) and priced for one profile
+    at a time (:meth:`set_profile`), and each one's counters
     (the worker's and the scheduler's files, read once after each run, when
     every engine is idle again (``idle_s``, :data:`.grid.IDLE_ENGINES_S`): a
     run's "before" is the previous run's "after" on that engine)."""
@@ -67,6 +68,16 @@ class Engines:
                       "native-in-process": llm_stats}
         self._last = {path: grid.counters(path) for path in self.stats.values()}
         self.time_scale = 1.0
+
+    def set_profile(self, profile: str) -> None:
+        """Every engine's later steps take ``profile``'s time, at time scale 1
+        (a profile's search for its scale starts there)."""
+        from benchmarks.gpu_timed.worker_rpc import call
+
+        for engine in [srv.url for srv, _ in self.servers.values()] + [self.llm]:
+            if call(engine, "set_profile", profile) != [profile]:
+                raise RuntimeError(f"the profile was not set to {profile!r} on {engine}")
+        self.set_time_scale(1.0)
 
     def engine_for(self, config: str):
         """What runs ``config``: a server's URL, or the in-process ``LLM``."""
@@ -201,8 +212,10 @@ def plain_rows(engines: Engines, profile: str, fams: list, model: str,
     return rows
 
 
-def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path,
-                plain_repeats: int, idle_s: float, time_scale: float | None) -> list[dict]:
+def run_grid(profiles: list[str], sizes: list[int], scale: float, workdir: Path,
+             plain_repeats: int, idle_s: float, time_scale: float | None) -> list[dict]:
+    """Every profile's sizes on one set of engines (starting them took about
+    a minute a profile: 2026-12-06)."""
     from transformers import AutoTokenizer
 
     from vllm_seqhooks.scripted.params import encode_script
@@ -218,14 +231,17 @@ def run_profile(profile: str, sizes: list[int], scale: float, workdir: Path,
                      lambda text: encode_script(tok, text))
     workdir.mkdir(parents=True, exist_ok=True)
     own_cpus = os.sched_getaffinity(0)  # (the engines move this process to the frontend half)
-    engines = Engines(model, profile, workdir, scale, idle_s)
-    rows, first = [], 0
+    engines = Engines(model, profiles[0], workdir, scale, idle_s)
+    rows = []
     try:
-        for n in sizes:
-            fams = grid.families(tok, book, n, first)
-            first += 10 * n + 1000
-            rows += run_size(engines, profile, fams, model, book, tok, workdir, plain_repeats,
-                             time_scale)
+        for profile in profiles:
+            engines.set_profile(profile)
+            first = 0
+            for n in sizes:
+                fams = grid.families(tok, book, n, first)
+                first += 10 * n + 1000
+                rows += run_size(engines, profile, fams, model, book, tok, workdir,
+                                 plain_repeats, time_scale)
     finally:
         engines.stop()
         os.sched_setaffinity(0, own_cpus)
@@ -241,13 +257,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=0.035)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--plain-repeats", type=int, default=1,
+                        help="plain-traffic runs per server and size, alternately (the row: "
+                        "the median's); hooks / stock on plain traffic is measured over fresh "
+                        "pairs of servers by benchmarks.gpu_timed.plain_pairs")
     parser.add_argument("--time-scale", default="auto",
                         help="each modelled step waits this many times its time (a host this "
                         "many times as fast; times are divided back), or 'auto': per size, "
                         "doubled from 1 while the host falls behind (benchmarks/gpu_timed/"
                         "time_scale.py)")
     args = parser.parse_args(argv)
-    from benchmarks.gpu_timed.grid import IDLE_ENGINES_S, PLAIN_REPEATS
+    from benchmarks.gpu_timed.grid import IDLE_ENGINES_S
 
     if args.smoke:
         args.profiles, args.sizes, args.scale = "h100-sxm/qwen2.5-1.5b", "2", 0.01
@@ -256,13 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out = args.out or Path(tempfile.mkdtemp(prefix="seqhooks-gpu-timed-grid-"))
     sizes = [int(x) for x in args.sizes.split(",")]
-    rows = []
-    for profile in args.profiles.split(","):
-        rows += run_profile(profile, sizes, args.scale, out / profile.replace("/", "_"),
-                            plain_repeats=1 if args.smoke else PLAIN_REPEATS,
-                            # (the smoke's figures are not compared: no wait)
-                            idle_s=0.0 if args.smoke else IDLE_ENGINES_S,
-                            time_scale=time_scale)
+    rows = run_grid(args.profiles.split(","), sizes, args.scale, out / "engines",
+                    plain_repeats=args.plain_repeats,
+                    # (the smoke's figures are not compared: no wait)
+                    idle_s=0.0 if args.smoke else IDLE_ENGINES_S, time_scale=time_scale)
     command = "python -m benchmarks.gpu_timed " + " ".join(argv if argv is not None
                                                             else sys.argv[1:])
     from benchmarks.gpu_timed.chart import chart

@@ -59,10 +59,8 @@ CONFIGS = ("sequential", "sequential-aa", "loop", "native", "native-in-process",
            "plain-stock", "plain-hooks")
 PROMPT_TOKENS = 64
 #: Tokens each request of the plain-traffic runs writes (all at once, so the
-#: same requests are live for about this many steps on both servers), and
-#: how many times each server's run is repeated (alternately).
+#: same requests are live for about this many steps on both servers).
 PLAIN_TOKENS = 192
-PLAIN_REPEATS = 3
 #: vLLM's shared-memory queue readers spin for a second after their last
 #: message (``shm_broadcast.SpinCondition``'s ``busy_loop_s``): a run that
 #: starts this long after the last one ended has every other engine idle

@@ -35,10 +35,9 @@ trips leave a GPU idle on any host.
 
 from __future__ import annotations
 
-import json
 import statistics
-import urllib.request
-from typing import Any
+
+from benchmarks.gpu_timed.worker_rpc import call
 
 BUSY_AT_LEAST = 0.98
 LAG_AT_MOST = 1.03
@@ -68,32 +67,15 @@ def next_scale(scale: float, busy: float, lag: float) -> float | None:
     return min(MAX_SCALE, 2 * scale)
 
 
-def _server_rpc(url: str, method: str, *args: str) -> list[Any]:
-    """vLLM's ``POST /collective_rpc`` (served with ``VLLM_SERVER_DEV_MODE=1``):
-    the worker's ``method``, one result per worker (vLLM passes string
-    arguments and returns a result that is not a list or dict as a string)."""
-    body = json.dumps({"method": method, "args": list(args)}).encode()
-    req = urllib.request.Request(url + "/collective_rpc", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read()).get("results") or []
-
-
 def set_scale(engine, scale: float) -> None:
     """Every later step of ``engine`` (a server's URL or an in-process
     ``LLM``) waits ``scale`` times its modelled time."""
-    if isinstance(engine, str):
-        results = [float(x) for x in _server_rpc(engine, "set_time_scale", str(scale))]
-    else:
-        results = engine.collective_rpc("set_time_scale", args=(scale,))
+    results = [float(x) for x in call(engine, "set_time_scale", scale)]
     if results != [float(scale)]:
         raise RuntimeError(f"the time scale was not set to {scale} ({results!r})")
 
 
 def take_spans(engine) -> list[float]:
     """The request spans ``engine``'s worker recorded since the last call."""
-    if isinstance(engine, str):
-        (spans,) = _server_rpc(engine, "take_request_spans")
-    else:
-        (spans,) = engine.collective_rpc("take_request_spans")
+    (spans,) = call(engine, "take_request_spans")
     return spans

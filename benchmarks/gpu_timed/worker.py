@@ -26,7 +26,8 @@ engine core and its own output thread (one family on 1.5B, 2026-12-04: the
 family's latency 10 % above the modelled GPU's busy time, about 0.3 ms a
 step).
 ``set_time_scale`` (vLLM's ``collective_rpc``) stretches the wait of every
-later step (:mod:`.time_scale`); ``take_request_spans`` gives how long each
+later step (:mod:`.time_scale`); ``set_profile`` prices them for another
+GPU and model; ``take_request_spans`` gives how long each
 request took on the modelled GPU (:mod:`.request_spans`). The worker writes
 its counters (steps, request-steps, modelled GPU seconds; and whether async
 scheduling is on) as JSON to ``stats_path`` from a thread, within a fraction
@@ -48,7 +49,7 @@ from vllm_seqhooks.engine.vllm_private.worker_api import (
 from vllm_seqhooks.scripted.params import encode_script
 from vllm_seqhooks.scripted.protocol import forcing_plan, model_eos_token_id, resolve_script
 
-from benchmarks.gpu_timed.profiles import step_model_for
+from benchmarks.gpu_timed.profiles import parse_profile, step_model_for
 from benchmarks.gpu_timed.request_spans import RequestSpans
 from benchmarks.gpu_timed.stats_file import keep_stats_written, write_stats
 from benchmarks.gpu_timed.trace_book import TraceBook
@@ -162,6 +163,13 @@ class GpuTimedWorker(cpu_worker_class()):
             raise ValueError(f"time scale {scale!r}: at least 1 (a host no slower than this one)")
         self._gpu.time_scale = scale
         return scale
+
+    def set_profile(self, profile: str) -> str:
+        """Each later step takes ``profile``'s time (``<gpu>/<model>``;
+        between runs, through ``collective_rpc``): one engine serves the
+        grid's profiles one after another."""
+        self._model = step_model_for(*parse_profile(profile))
+        return profile
 
     def take_request_spans(self) -> list[float]:
         """Each request's wall seconds from its first step's start to its
