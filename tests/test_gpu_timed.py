@@ -265,6 +265,13 @@ def test_plain_pairs_summary_compares_within_each_pair_and_stock_across_pairs():
     assert s["hooks_vs_stock_range"] == [1.0, 1.1]
     assert s["aa_stock_vs_next_stock"] == [0.55, 2.0]
     assert s["aa_range"] == [0.55, 2.0]
+    assert "hooks_vs_stock_per_call_median" not in s
+    calls = {"schedule": 30.0, "update_from_output": 20.0, "add_request": 1.0}
+    for p, hooks_update in zip(pairs, (22.0, 20.0, 24.0)):
+        p["calls"] = {"stock": [calls] * 3,
+                      "hooks": [{**calls, "update_from_output": hooks_update}] * 3}
+    assert summary(pairs)["hooks_vs_stock_per_call_median"] == {
+        "schedule": 1.0, "update_from_output": 1.1, "add_request": 1.0}
 
 
 def test_a_runs_counters_wait_for_its_steps_and_fail_without_them(tmp_path):

@@ -16,7 +16,9 @@ their own CPU as in the grid) serves ``--runs`` plain runs each, alternately
 :data:`.grid.IDLE_ENGINES_S` with the prefix cache empty). Per pair: the
 median scheduler CPU per step of each server and their ratio. Reported: the
 median of the pairs' ratios with its range, and the A/A control: stock
-against stock, each pair's stock server against the next pair's.
+against stock, each pair's stock server against the next pair's; and the
+median ratio of each timed call (:data:`CALLS`), ``schedule`` being the same
+code on both servers while nothing forks.
 """
 
 from __future__ import annotations
@@ -31,15 +33,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 KINDS = ("stock", "hooks")
+#: The scheduler's timed calls (:mod:`.timed_scheduler`). While nothing
+#: forks, the hook scheduler's ``schedule`` is vLLM's own method bound on it:
+#: the same code on both servers, so its ratio within a pair shows how far
+#: two processes differ on the same work.
+CALLS = ("schedule", "update_from_output", "add_request")
 
 
-def per_step_us(before: dict, after: dict) -> float:
+def per_step_us(before: dict, after: dict, counter: str = "scheduler_cpu_s") -> float:
     steps = after["sched_steps"] - before["sched_steps"]
-    return (after["sched_scheduler_cpu_s"] - before["sched_scheduler_cpu_s"]) / steps * 1e6
+    return (after[f"sched_{counter}"] - before[f"sched_{counter}"]) / steps * 1e6
 
 
 def one_pair(model: str, profile: str, fams: list, workdir: Path, runs: int) -> dict:
-    """Per server of a fresh pair: the scheduler CPU per step (us) of each run."""
+    """Per server of a fresh pair: the scheduler CPU per step (us) of each
+    run, and (``calls``) each timed call's."""
     from benchmarks.gpu_timed import grid
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -51,13 +59,16 @@ def one_pair(model: str, profile: str, fams: list, workdir: Path, runs: int) -> 
         servers = {kind: f.result() for kind, f in starting.items()}
     try:
         last = {kind: grid.counters(stats) for kind, (_, stats) in servers.items()}
-        out: dict[str, list[float]] = {kind: [] for kind in KINDS}
+        out: dict = {kind: [] for kind in KINDS}
+        out["calls"] = {kind: [] for kind in KINDS}
         for _ in range(runs):
             for kind, (srv, stats) in servers.items():
                 grid.reset_prefix_cache(srv.url)
                 grid.bench_serve(srv.url, model, fams, workdir, plain=True)
                 now = grid.counters_after_run(stats, last[kind], grid.IDLE_ENGINES_S)
                 out[kind].append(round(per_step_us(last[kind], now), 2))
+                out["calls"][kind].append({c: round(per_step_us(last[kind], now, f"{c}_cpu_s"), 2)
+                                          for c in CALLS})
                 last[kind] = now
         return out
     finally:
@@ -65,13 +76,21 @@ def one_pair(model: str, profile: str, fams: list, workdir: Path, runs: int) -> 
             srv.stop()
 
 
-def summary(pairs: list[dict[str, list[float]]]) -> dict:
+def summary(pairs: list[dict]) -> dict:
     """Each pair's median per server and ratio; the median and range of the
-    ratios; the A/A: each pair's stock median over the next pair's."""
+    ratios; the A/A: each pair's stock median over the next pair's; and,
+    for pairs with ``calls``, the median over pairs of each call's ratio."""
     medians = [{kind: statistics.median(p[kind]) for kind in KINDS} for p in pairs]
     ratios = [m["hooks"] / m["stock"] for m in medians]
     aa = [a["stock"] / b["stock"] for a, b in zip(medians, medians[1:])]
-    return {
+    per_call = {}
+    if all("calls" in p for p in pairs):
+        for c in CALLS:
+            call_ratios = [
+                statistics.median(r[c] for r in p["calls"]["hooks"])
+                / statistics.median(r[c] for r in p["calls"]["stock"]) for p in pairs]
+            per_call[c] = round(statistics.median(call_ratios), 3)
+    return {**({"hooks_vs_stock_per_call_median": per_call} if per_call else {}),
         "pair_medians_us": [{k: round(v, 2) for k, v in m.items()} for m in medians],
         "hooks_vs_stock": [round(r, 3) for r in ratios],
         "hooks_vs_stock_median": round(statistics.median(ratios), 3),
