@@ -16,6 +16,7 @@ import weakref
 from typing import Any
 
 import vllm
+import vllm.envs
 
 from vllm_seqhooks.config.presets import coerce_special_kwargs
 from vllm_seqhooks.config.special_kwargs import SpecialKwargs
@@ -23,6 +24,7 @@ from vllm_seqhooks.core.trace import attach_traces
 from vllm_seqhooks.engine import patches
 from vllm_seqhooks.engine.cpu_memory import cpu_memory_args
 from vllm_seqhooks.engine.engine_args import hook_engine_args, load_tokenizer, model_engine_args
+from vllm_seqhooks.engine.in_process_steps import step_one_engine_at_a_time
 from vllm_seqhooks.engine.worker_exit import worker_exit_grace
 
 
@@ -51,6 +53,8 @@ class LLM(vllm.LLM):
             super().__init__(model, **kwargs)
         self.special_kwargs = hooks
         if hooks is not None:
+            if not vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING:  # (its engine core is in this process)
+                step_one_engine_at_a_time(self.llm_engine)
             # Stop the engine before multiprocessing's own exit handler kills
             # its process (registered later, so run earlier): otherwise vLLM's
             # monitor reports "engine core exited unexpectedly" at a normal exit.
