@@ -18,3 +18,4 @@ def test_an_engine_scores_the_same_while_another_steps_beside_it(tiny_model_dir)
     assert got["errors"] == []
     assert got["runs"] >= 3 and got["batches"] >= 3  # (both engines stepped, in turns)
     assert got["worst"] == 0.0
+    assert got["freed_without_the_collector"] == [True, True]

@@ -12,7 +12,8 @@ def score_beside_another_engine(model: str, seconds: float) -> dict[str, Any]:
     """Prompt logprobs from engine ``a`` alone, then again and again for
     ``seconds`` while engine ``b`` generates in another thread: the largest
     difference from alone, how many scorings and batches of ``b`` ran, and
-    what ``b``'s thread raised."""
+    what ``b``'s thread raised; and whether each engine was freed when it
+    was dropped."""
     import os
     import threading
     import time
@@ -51,4 +52,18 @@ def score_beside_another_engine(model: str, seconds: float) -> dict[str, Any]:
         runs += 1
     stop.set()
     thread.join(timeout=120)
-    return {"worst": worst, "runs": runs, "batches": batches[0], "errors": errors}
+    # Each engine goes when its last reference does, not at some later
+    # collection, where its teardown would take the process's parallel
+    # groups from under another engine (in_process_steps).
+    import gc
+    import weakref
+
+    engines = [weakref.ref(x.llm_engine) for x in (a, b)]
+    gc.disable()
+    try:
+        del a, b
+        freed = [e() is None for e in engines]
+    finally:
+        gc.enable()
+    return {"worst": worst, "runs": runs, "batches": batches[0], "errors": errors,
+            "freed_without_the_collector": freed}

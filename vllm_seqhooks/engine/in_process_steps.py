@@ -19,6 +19,7 @@ this applies.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 #: Held by the hook engine of this process that is stepping.
@@ -27,11 +28,16 @@ _STEPPING = threading.Lock()
 
 def step_one_engine_at_a_time(llm_engine: Any) -> None:
     """``llm_engine.step`` (vLLM's ``LLMEngine``, in-process) holds the
-    process's step lock while it runs."""
-    step = llm_engine.step
+    process's step lock while it runs. The wrapper holds the engine weakly:
+    a reference cycle would leave the engine to the garbage collector, whose
+    later teardown of it destroys the process's parallel groups under any
+    other engine of the process (seen: "pipeline model parallel group is
+    not initialized" in the next test's engine, vLLM 0.33)."""
+    step = type(llm_engine).step
+    engine = weakref.ref(llm_engine)
 
     def step_alone(*args: Any, **kwargs: Any):
         with _STEPPING:
-            return step(*args, **kwargs)
+            return step(engine(), *args, **kwargs)
 
     llm_engine.step = step_alone
