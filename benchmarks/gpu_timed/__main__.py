@@ -214,8 +214,8 @@ def plain_rows(engines: Engines, profile: str, fams: list, model: str,
 
 def run_grid(profiles: list[str], sizes: list[int], scale: float, workdir: Path,
              plain_repeats: int, idle_s: float, time_scale: float | None) -> list[dict]:
-    """Every profile's sizes on one set of engines (starting them took about
-    a minute a profile: 2026-12-06)."""
+    """Every profile's sizes on one set of engines (starting the three took
+    about 30 s here on 2026-12-06, once a profile until then)."""
     from transformers import AutoTokenizer
 
     from vllm_seqhooks.scripted.params import encode_script
