@@ -1,15 +1,21 @@
 """The multiprocess serving paths: several API server processes in front of
-one engine, and data parallelism (two engines); children stay on their
+the engines, and data parallelism (two engines); children stay on their
 parent's engine, and the trace and metrics reach every frontend.
 
-Longer than a minute (about 90 s on a quiet 2-core machine): each test is a
+Longer than a minute (about 60 s on a quiet 2-core machine): each test is a
 deployment of its own (docs/deployment.md's table names this file for
-them), and what costs is starting its processes, each importing vLLM: one
-engine behind two API servers (five processes), two engines behind two API
-servers (``--data-parallel-size 2`` defaults the API servers to two; eight),
-and a frontend with rank 0 beside a headless rank 1 (two ``vllm serve``
-commands). No server can serve two of them; the requests themselves take
-about a second."""
+them), and what costs is starting its processes, each importing vLLM: two
+engines behind two API servers (eight processes), and a frontend with rank
+0 beside a headless rank 1 (two ``vllm serve`` commands). No server can
+serve both; the requests themselves take about a second.
+
+One engine behind two API servers (``--api-server-count 2`` alone, five
+processes) was a deployment of its own until 2026-12-08, with the same
+requests and checks. The data-parallel deployment runs two API servers too
+(checked by their process titles), each a client of both engines: the same
+frontends, metrics across processes and outputs routed back by the
+request's ``client_index`` (children take their parent's), with one engine
+more; a start-up of five processes fewer."""
 
 from __future__ import annotations
 
@@ -30,10 +36,12 @@ from tests.support.server import (
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("topology", [["--api-server-count", "2"],
-                                      ["--data-parallel-size", "2"]],
-                         ids=["2-api-servers", "data-parallel-2"])
-def test_multiprocess_serving(tiny_model_dir, tmp_path, topology):
+def test_multiprocess_serving(tiny_model_dir, tmp_path):
+    """Two API servers in front of two data-parallel engines (vLLM's
+    default API server count for ``--data-parallel-size 2``, given here
+    explicitly): six families, each with its two children on its own engine,
+    their merged texts and traces, and the joins of both engines in the
+    metrics any frontend serves."""
     from openai import OpenAI
     from transformers import AutoTokenizer
 
@@ -41,12 +49,13 @@ def test_multiprocess_serving(tiny_model_dir, tmp_path, topology):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     S = lambda text: encode_script(tok, text)  # noqa: E731
-    srv = start_server(tiny_model_dir, *TINY_FLAGS, *TINY_HOOK_FLAGS, *topology,
+    srv = start_server(tiny_model_dir, *TINY_FLAGS, *TINY_HOOK_FLAGS,
+                       "--data-parallel-size", "2", "--api-server-count", "2",
                        "--logits-processors", SCRIPTED, log_path=tmp_path / "server.log")
     try:
         client = OpenAI(base_url=srv.url + "/v1", api_key="unused")
         texts = []
-        for i in range(6):  # requests are spread over both frontends
+        for i in range(6):
             xargs = {"seqhooks_script": S(f"r{i}<promise>a</promise><promise>b</promise><sync>."),
                      "seqhooks_script_end": "eos", "seqhooks_eos_token_id": 2,
                      "seqhooks_child_scripts": json.dumps({"0": S(f"x{i}"), "1": S(f"y{i}")}),
@@ -66,14 +75,30 @@ def test_multiprocess_serving(tiny_model_dir, tmp_path, topology):
         assert metric(m, "vllm:seqhooks_parked_requests") == 0
         engines = {k.split('engine="')[1].split('"')[0] for k in m
                    if k.startswith("vllm:seqhooks_joins_total{")}
-        if "--data-parallel-size" in topology:
-            # each engine reports its own joins: children stayed on their
-            # parent's engine (a join needs every child on the same one)
-            assert engines == {"0", "1"}
-        else:
-            assert engines == {"0"}
+        # each engine reports its own joins: children stayed on their
+        # parent's engine (a join needs every child on the same one)
+        assert engines == {"0", "1"}
+        assert _api_server_titles(srv.proc.pid) == ["APIServer_0", "APIServer_1"]
     finally:
         srv.stop()
+
+
+def _api_server_titles(pid: int) -> list[str]:
+    """The API server processes under ``vllm serve``'s process ``pid``, by
+    the titles vLLM gives them (``VLLM::APIServer_<index>``)."""
+    import re
+
+    import psutil
+
+    titles = set()
+    for proc in psutil.Process(pid).children(recursive=True):
+        try:
+            found = re.search(r"\bAPIServer_\d+", " ".join(proc.cmdline()))
+        except psutil.Error:
+            continue
+        if found:
+            titles.add(found.group())
+    return sorted(titles)
 
 
 def test_headless_data_parallel_rank(tiny_model_dir, tmp_path):
