@@ -48,13 +48,8 @@ LANES=${SEQHOOKS_TEST_LANES:-3}
 # the third lane and SHARED_032_UNITS (each a pytest run of its files, the
 # largest first; none uses the engine-mode workers, which a pytest session
 # starts for itself) in whichever lanes are free (sizes from the per-file
-# tables). Smaller units let the lanes end closer together: in
-# 2026-12-08's first clean-clone run (25 min 17 s, two units) the third lane
-# took the first (496 s) at 862 s, the second lane the other (116 s) at
-# about 1,110 s, and the first lane, busy to 1,357 s, took none; in the
-# second (25:08, four units) the first lane, free at 1,289 s, took the last
-# unit (72 s) and ended last, the second lane idle from about 1,250 s. Now
-# test_step_benchmark leaves the first lane too, and the largest unit is first.
+# tables). Small units, so that every lane, the first included, takes some
+# and the lanes end close together (docs/testing.md, "How long it takes").
 LANE2_032_FILES=(tests/test_ray.py tests/test_wheel.py tests/test_verl.py tests/test_gpu_timed_grid.py)
 LANE3_032_FILES=("${LANE2_032_FILES[@]}" tests/test_docs_commands.py)
 SHARED_032_UNITS=("tests/test_llm_entrypoint.py tests/test_benchmarks_smoke.py"
